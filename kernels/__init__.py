@@ -1,0 +1,97 @@
+"""Verified masked multi-head attention kernels for NumPy code.
+
+>>> import numpy as np, kernels
+>>> q = k = v = np.ones((2, 4, 8, 16), dtype=np.float32)   # (B, H, L, D)
+>>> kernels.attention(q, k, v, causal=True).shape
+(2, 4, 8, 16)
+
+Backends: ``"reference"`` (the literal formula in NumPy, float64 accumulation: the
+oracle), ``"numba"`` (fused CPU kernel, parallel) and ``"cuda"`` (numba.cuda; runs in
+Numba's CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``).  Importing this package
+imports neither Numba nor the CUDA driver; kernels compile on first use and are cached.
+"""
+
+from __future__ import annotations
+
+from . import _backends
+from ._backends import BackendUnavailableError, available_backends
+from ._validate import check_attention_args, check_backend
+from .mha import MultiHeadAttention
+from .softmax import softmax
+
+__all__ = [
+    "attention",
+    "softmax",
+    "MultiHeadAttention",
+    "available_backends",
+    "BackendUnavailableError",
+]
+__version__ = "0.1.0"
+
+
+def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
+              dropout_p=0.0, seed=None, backend="auto", return_weights=False):
+    """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
+
+    Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
+
+    Parameters
+    ----------
+    q : ndarray, shape (..., H, Lq, D), or (H, Lq, D), or (Lq, D)
+        Queries, float32 or float64.
+    k : ndarray, shape (..., Hkv, Lk, D)
+        Keys, same dtype. H must be a multiple of Hkv (GQA/MQA): query head h reads
+        key/value head ``h // (H // Hkv)``.
+    v : ndarray, shape (..., Hkv, Lk, Dv)
+        Values, same dtype.
+    causal : bool or {"top-left", "bottom-right"}, default False
+        ``True``/``"top-left"``: query i sees keys j <= i (PyTorch's ``is_causal``).
+        ``"bottom-right"``: query i sees keys j <= i + Lk - Lq (FlashAttention; decoding).
+    mask : array_like, optional
+        Broadcastable to (..., H, Lq, Lk). bool: True = attend (as PyTorch and Hugging
+        Face); float: added to the scores (``-inf`` hides a key).
+    key_lengths : int or array_like of int, shape (...,), optional
+        Keys ``j >= key_lengths[b]`` are padding: the fast way to mask padding (no L x L mask).
+    scale : float, optional
+        Multiplies ``q · k``; default ``1 / sqrt(D)``. ``scale=1.0`` is the unscaled variant.
+    dropout_p : float, default 0.0
+        Probability of dropping each attention weight, with inverted scaling ``1 / (1 - p)``.
+    seed : int, optional
+        Dropout seed in [0, 2**32). The decision for (seed, b, h, i, j) comes from a
+        stateless hash shared by every backend, so all backends drop the same weights.
+        ``None`` with ``dropout_p > 0`` draws a fresh seed.
+    backend : {"auto", "reference", "numba", "cuda"}, default "auto"
+        ``"auto"`` picks numba, or cuda on a real GPU for large problems.
+    return_weights : bool, default False
+        Also return the softmax weights (..., H, Lq, Lk), before dropout. Only then is an
+        L x L array materialised.
+
+    Returns
+    -------
+    out : ndarray, shape (..., H, Lq, Dv), dtype of q
+    weights : ndarray, shape (..., H, Lq, Lk)
+        Only if ``return_weights``.
+
+    Notes
+    -----
+    A query that sees no key gets output 0 (and weights 0), never NaN. Hidden keys and
+    values are never read, so NaN or inf stored there cannot reach the output.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad input, before any work is done; the message names the argument, the shapes
+        seen and what was expected.
+    BackendUnavailableError
+        (a ValueError) ``backend="cuda"`` where neither a GPU nor the simulator is usable.
+    """
+    backend = check_backend(backend)
+    problem = check_attention_args(
+        q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
+        dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+    )
+    name = _backends.resolve(backend, problem)
+    out, weights = _backends.module(name).run(problem)
+    if return_weights:
+        return problem.restore(out), problem.restore(weights)
+    return problem.restore(out)

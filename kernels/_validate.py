@@ -1,0 +1,306 @@
+"""Argument checking and normalisation for :func:`kernels.attention`.
+
+Every backend receives an :class:`AttentionProblem`: contiguous 4-D arrays of
+one floating dtype, a mask already turned into an additive float array whose
+``-inf`` entries mean "not visible", key lengths as ``int64`` and the causal
+alignment as a single integer offset.  All user-facing errors are raised here,
+before any kernel runs, so no backend ever sees an argument it could
+misinterpret (and no user ever sees a Numba typing traceback).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+BACKEND_NAMES = ("auto", "reference", "numba", "cuda")
+CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One validated attention call, in the layout every backend expects.
+
+    Shapes use B = product of the caller's leading batch dims (1 if none),
+    H query heads, Hkv key/value heads, Lq queries, Lk keys, D head size and
+    Dv value size.
+    """
+
+    q: np.ndarray  # (B, H, Lq, D), C-contiguous
+    k: np.ndarray  # (B, Hkv, Lk, D), C-contiguous
+    v: np.ndarray  # (B, Hkv, Lk, Dv), C-contiguous
+    batch_shape: tuple  # the caller's leading dims, restored on output
+    had_head_dim: bool  # False for 2-D (L, D) inputs
+    mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm) additive, q.dtype; each dim 1 or full; -inf = hidden
+    key_lengths: np.ndarray | None  # (B,) int64 in [0, Lk]
+    causal_offset: int | None  # query i sees keys j <= i + offset; None = not causal
+    scale: float  # multiplies q . k
+    dropout_p: float  # probability of dropping an attention weight, in [0, 1)
+    seed: int  # dropout seed in [0, 2**32)
+    return_weights: bool
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.q.dtype
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, int, int]:
+        """``(B, H, Hkv, Lq, Lk, D, Dv)``."""
+        B, H, Lq, D = self.q.shape
+        return B, H, self.k.shape[1], Lq, self.k.shape[2], D, self.v.shape[3]
+
+    def key_lengths_or_full(self) -> np.ndarray:
+        """Key lengths as ``int64`` of shape (B,), ``Lk`` for every batch if none were given."""
+        if self.key_lengths is not None:
+            return self.key_lengths
+        return np.full(self.q.shape[0], self.k.shape[2], dtype=np.int64)
+
+    def mask_strides(self) -> tuple[int, int, int, int]:
+        """Element strides of the flattened mask, 0 along broadcast dims (all 0 if no mask)."""
+        if self.mask is None:
+            return (0, 0, 0, 0)
+        strides = [s // self.mask.itemsize for s in self.mask.strides]
+        return tuple(0 if n == 1 else s for n, s in zip(self.mask.shape, strides, strict=True))
+
+    def visible(self) -> np.ndarray:
+        """Boolean visibility of every (b, h, i, j) pair, shape (B, H, Lq, Lk).
+
+        Materialises an L x L array: meant for the reference, tests and FLOP counting
+        of small problems, never for the fast backends.
+        """
+        B, H, _, Lq, Lk, _, _ = self.shape
+        i = np.arange(Lq)[:, None]
+        j = np.arange(Lk)[None, :]
+        vis = np.ones((B, H, Lq, Lk), dtype=bool)
+        if self.causal_offset is not None:
+            vis &= j <= i + self.causal_offset
+        if self.key_lengths is not None:
+            vis &= j[None, None] < self.key_lengths[:, None, None, None]
+        if self.mask is not None:
+            vis &= self.mask != -np.inf
+        return vis
+
+    def restore(self, x: np.ndarray) -> np.ndarray:
+        """Reshape a (B, H, Lq, X) result back to the caller's leading dims."""
+        if not self.had_head_dim:
+            return x.reshape(x.shape[2:])
+        return x.reshape(self.batch_shape + x.shape[1:])
+
+
+def _describe(x) -> str:
+    return f"shape {tuple(x.shape)} and dtype {x.dtype}"
+
+
+def _as_float_array(name: str, x) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__cuda_array_interface__"):
+            raise TypeError(
+                f"{name} is a device array; kernels.attention takes NumPy arrays "
+                "(use kernels.cuda_backend.attention_device for device arrays)"
+            )
+        x = np.asarray(x)
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; expected float32 or float64 "
+            "(convert with x.astype(np.float32))"
+        )
+    return x
+
+
+def check_backend(backend) -> str:
+    """Return ``backend`` if it names a known backend, else raise ValueError."""
+    if not isinstance(backend, str) or backend not in BACKEND_NAMES:
+        raise ValueError(f"backend={backend!r} is unknown; expected one of {list(BACKEND_NAMES)}")
+    return backend
+
+
+def _check_qkv(q, k, v):
+    q = _as_float_array("q", q)
+    k = _as_float_array("k", k)
+    v = _as_float_array("v", v)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    if q.ndim < 2:
+        raise ValueError(f"q must have at least 2 dims (L, D); got {_describe(q)}")
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(
+            "q, k and v must have the same number of dims; got "
+            f"q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must share the head size D (last dim); got q {q.shape}, k {k.shape}"
+        )
+    if q.shape[-1] < 1:
+        raise ValueError(f"the head size D must be at least 1; got q {q.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of keys (dim -2); got k {k.shape}, v {v.shape}"
+        )
+    if q.ndim >= 3:
+        if k.shape[-3] != v.shape[-3]:
+            raise ValueError(
+                f"k and v must have the same number of heads (dim -3); got k {k.shape}, v {v.shape}"
+            )
+        H, Hkv = q.shape[-3], k.shape[-3]
+        if Hkv == 0 or H % Hkv != 0:
+            raise ValueError(
+                f"the number of query heads ({H}, q {q.shape}) must be a multiple of the number "
+                f"of key/value heads ({Hkv}, k {k.shape})"
+            )
+    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ValueError(
+            "q, k and v must share their batch dims (all but the last three); got "
+            f"q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    return q, k, v
+
+
+def _to_4d(x: np.ndarray) -> np.ndarray:
+    """(L, D) -> (1, 1, L, D); (H, L, D) -> (1, H, L, D); (..., H, L, D) -> (B, H, L, D)."""
+    if x.ndim == 2:
+        x = x[None, None]
+    elif x.ndim == 3:
+        x = x[None]
+    else:
+        x = x.reshape((math.prod(x.shape[:-3]),) + x.shape[-3:])
+    return np.ascontiguousarray(x)
+
+
+def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    """Turn a bool/float mask broadcastable to ``full_shape`` into a 4-D additive mask."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating):
+        raise TypeError(
+            f"mask has dtype {mask.dtype}; expected bool (True = attend) or a float dtype "
+            "(added to the scores)"
+        )
+    try:
+        broadcast = np.broadcast_shapes(mask.shape, full_shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != tuple(full_shape):
+        raise ValueError(
+            f"mask of shape {mask.shape} cannot be broadcast to the scores' shape {full_shape} "
+            "(..., H, Lq, Lk)"
+        )
+    # Left-pad to the full rank, keep the (H, Lq, Lk) tail unexpanded (no L x L copy of a
+    # broadcast mask) and fold the batch dims into one, expanding them only if the mask
+    # varies along some of them.
+    mask = mask.reshape((1,) * (len(full_shape) - mask.ndim) + mask.shape)
+    tail = mask.shape[-3:] if len(full_shape) >= 3 else (1,) + mask.shape[-2:]
+    batch = mask.shape[:-3]
+    if all(n == 1 for n in batch):
+        mask = mask.reshape((1,) + tail)
+    else:
+        batch_full = tuple(full_shape[:-3])
+        mask = np.broadcast_to(mask, batch_full + tail).reshape((math.prod(batch_full),) + tail)
+    if mask.dtype == np.bool_:
+        additive = np.where(mask, dtype.type(0), dtype.type(-np.inf))
+    else:
+        additive = mask.astype(dtype, copy=False)
+    return np.ascontiguousarray(additive, dtype=dtype)
+
+
+def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray | None:
+    if key_lengths is None:
+        return None
+    arr = np.asarray(key_lengths)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"key_lengths has dtype {arr.dtype}; expected integers")
+    B = math.prod(batch_shape)
+    if arr.ndim == 0:
+        arr = np.full(B, int(arr), dtype=np.int64)
+    elif arr.shape == tuple(batch_shape) or (arr.shape == (B,) and len(batch_shape) <= 1):
+        arr = arr.reshape(B).astype(np.int64)
+    else:
+        raise ValueError(
+            f"key_lengths has shape {arr.shape}; expected a scalar or the batch shape "
+            f"{tuple(batch_shape)} of q"
+        )
+    if arr.size and (arr.min() < 0 or arr.max() > Lk):
+        raise ValueError(
+            f"key_lengths must lie in [0, Lk={Lk}]; got values from {arr.min()} to {arr.max()}"
+        )
+    return np.ascontiguousarray(arr)
+
+
+def _check_causal(causal, Lq: int, Lk: int) -> int | None:
+    if causal is False or causal is None:
+        return None
+    if causal is True or causal == "top-left":
+        return 0
+    if causal == "bottom-right":
+        return Lk - Lq
+    raise ValueError(f"causal={causal!r}; expected False, True, 'top-left' or 'bottom-right'")
+
+
+def _check_scale(scale, D: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite; got {scale}")
+    return scale
+
+
+def check_dropout(dropout_p, seed) -> tuple[float, int]:
+    """Validate ``dropout_p`` in [0, 1) and ``seed``; draw a seed if none is given."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number; got {type(dropout_p).__name__}")
+    dropout_p = float(dropout_p)
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must lie in [0, 1); got {dropout_p}")
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1)[0]) if dropout_p > 0 else 0
+    elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int or None; got {type(seed).__name__}")
+    seed = int(seed)
+    if not (0 <= seed < 2**32):
+        raise ValueError(f"seed must lie in [0, 2**32); got {seed}")
+    return dropout_p, seed
+
+
+def check_attention_args(
+    q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
+    dropout_p=0.0, seed=None, return_weights=False,
+) -> AttentionProblem:
+    """Validate the arguments of :func:`kernels.attention` and normalise them.
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype (integer, float16, mixed dtypes, non-real scale ...).
+    ValueError
+        Shapes that do not fit together or values out of range; the message names the
+        argument, the shapes seen and what was expected.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    had_head_dim = q.ndim >= 3
+    batch_shape = tuple(q.shape[:-3])
+    Lq, Lk, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    H = q.shape[-3] if had_head_dim else 1
+    full_scores_shape = batch_shape + ((H,) if had_head_dim else ()) + (Lq, Lk)
+    causal_offset = _check_causal(causal, Lq, Lk)
+    scale = _check_scale(scale, D)
+    dropout_p, seed = check_dropout(dropout_p, seed)
+    if not isinstance(return_weights, bool | np.bool_):
+        raise TypeError(f"return_weights must be a bool; got {type(return_weights).__name__}")
+    mask4 = _check_mask(mask, full_scores_shape, q.dtype)
+    lengths = _check_key_lengths(key_lengths, batch_shape, Lk)
+    return AttentionProblem(
+        q=_to_4d(q), k=_to_4d(k), v=_to_4d(v),
+        batch_shape=batch_shape, had_head_dim=had_head_dim,
+        mask=mask4, key_lengths=lengths, causal_offset=causal_offset,
+        scale=scale, dropout_p=dropout_p, seed=seed, return_weights=bool(return_weights),
+    )

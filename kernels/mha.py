@@ -1,0 +1,119 @@
+"""``MultiHeadAttention``: the projections around attention, with real, countable parameters."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import reference
+from ._validate import SUPPORTED_DTYPES
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return int(value)
+
+
+class MultiHeadAttention:
+    """Multi-head attention with W_Q, W_K, W_V, W_O (and biases), GQA/MQA via ``n_kv_heads``.
+
+    ``forward(x)`` computes ``split_heads(x W_Q + b_Q)`` etc., batched attention over
+    (..., H, L, d_head), merges the heads back (a reshape) and applies ``W_O``:
+    the "one big projection + reshape" form of :func:`kernels.reference.multihead_fused`.
+
+    Parameters
+    ----------
+    d_model : int
+        Width of the model; must be divisible by ``n_heads`` (``d_head = d_model // n_heads``).
+    n_heads : int
+        Query heads.
+    n_kv_heads : int, optional
+        Key/value heads (GQA; 1 is MQA). Must divide ``n_heads``. Default: ``n_heads``.
+    bias : bool, default True
+        Give each projection a bias vector.
+    dtype : numpy dtype, default float32
+        float32 or float64: the parameters' dtype, and the dtype ``forward`` expects.
+    seed : int, default 0
+        Seed of the generator the weights are drawn from (Xavier-uniform, as PyTorch's
+        ``nn.MultiheadAttention``; biases start at 0, as there).
+
+    Notes
+    -----
+    Weights are stored for ``x @ W``: ``W_q`` is (d_model, d_model), ``W_k`` and ``W_v`` are
+    (d_model, n_kv_heads · d_head), ``W_o`` is (d_model, d_model).
+    """
+
+    def __init__(self, d_model, n_heads, n_kv_heads=None, bias=True, dtype=np.float32, seed=0):
+        self.d_model = _positive_int("d_model", d_model)
+        self.n_heads = _positive_int("n_heads", n_heads)
+        self.n_kv_heads = _positive_int("n_kv_heads", n_heads if n_kv_heads is None else n_kv_heads)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"dtype must be float32 or float64; got {self.dtype}")
+        self.bias = bool(bias)
+        self.d_head = self.d_model // self.n_heads
+        rng = np.random.default_rng(seed)
+        kv_width = self.n_kv_heads * self.d_head
+        shapes = {
+            "q": (self.d_model, self.d_model),
+            "k": (self.d_model, kv_width),
+            "v": (self.d_model, kv_width),
+            "o": (self.d_model, self.d_model),
+        }
+        self._params = {}
+        for name, (fan_in, fan_out) in shapes.items():
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            self._params[f"W_{name}"] = rng.uniform(-limit, limit, (fan_in, fan_out)).astype(
+                self.dtype
+            )
+            if self.bias:
+                self._params[f"b_{name}"] = np.zeros(fan_out, dtype=self.dtype)
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The parameter arrays themselves (not copies), by name: W_q, b_q, W_k, ..."""
+        return dict(self._params)
+
+    def num_parameters(self) -> int:
+        """Number of scalars in :meth:`parameters`, counted from the arrays."""
+        return int(sum(p.size for p in self._params.values()))
+
+    def forward(self, x, *, causal=False, mask=None, key_lengths=None, backend="auto"):
+        """Self-attention of ``x``.
+
+        Parameters
+        ----------
+        x : ndarray, shape (..., L, d_model)
+            In the module's dtype.
+        causal, mask, key_lengths, backend
+            As in :func:`kernels.attention`; ``mask`` broadcasts to (..., n_heads, L, L).
+
+        Returns
+        -------
+        ndarray, shape (..., L, d_model)
+        """
+        x = np.asarray(x)
+        if x.dtype != self.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but this MultiHeadAttention holds {self.dtype} "
+                f"parameters; pass x.astype(np.{self.dtype.name})"
+            )
+        if x.ndim < 2 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
+        return reference.multihead_fused(
+            x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
+            causal=causal, mask=mask, key_lengths=key_lengths,
+        )
+
+    __call__ = forward
+
+    def __repr__(self):
+        return (
+            f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "
+            f"n_kv_heads={self.n_kv_heads}, bias={self.bias}, dtype={self.dtype.name})"
+        )
