@@ -23,8 +23,9 @@ def _softmax_visible(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
     """Row softmax over the visible entries; rows with no visible entry are all 0."""
     scores = np.where(visible, scores, -np.inf)
     any_visible = visible.any(axis=-1, keepdims=True)
-    row_max = np.where(any_visible, scores.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
-    exp = np.where(visible, np.exp(scores - row_max), 0.0)
+    zero = scores.dtype.type(0)
+    row_max = np.where(any_visible, scores.max(axis=-1, keepdims=True, initial=-np.inf), zero)
+    exp = np.where(visible, np.exp(scores - row_max), zero)
     denom = exp.sum(axis=-1, keepdims=True)
     return np.divide(exp, denom, out=np.zeros_like(exp), where=denom > 0)
 
@@ -38,31 +39,36 @@ def _weighted_values(probs: np.ndarray, visible: np.ndarray, v: np.ndarray) -> n
     """
     if np.isfinite(v).all():
         return probs @ v
-    out = np.zeros(probs.shape[:-1] + v.shape[-1:], dtype=np.float64)
+    out = np.zeros(probs.shape[:-1] + v.shape[-1:], dtype=probs.dtype)
     for idx in np.ndindex(*probs.shape[:-1]):  # (b, h, i)
         keys = visible[idx]
         out[idx] = probs[idx][keys] @ v[idx[:-1]][keys]
     return out
 
 
-def run(problem: AttentionProblem) -> tuple[np.ndarray, np.ndarray | None]:
-    """Attention for a validated problem; returns ``(out, weights or None)`` in its dtype."""
+def run(problem: AttentionProblem, compute_dtype=np.float64):
+    """Attention for a validated problem; returns ``(out, weights or None)`` in its dtype.
+
+    ``compute_dtype`` is float64 for the oracle; the tests also run the same formula in
+    float32 to measure a plain float32 implementation's own error (the tolerance baseline).
+    """
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
     group = H // Hkv
-    q = problem.q.astype(np.float64)  # (B, H, Lq, D)
-    k = np.repeat(problem.k.astype(np.float64), group, axis=1)  # (B, H, Lk, D)
-    v = np.repeat(problem.v.astype(np.float64), group, axis=1)  # (B, H, Lk, Dv)
+    ct = np.dtype(compute_dtype).type
+    q = problem.q.astype(ct)  # (B, H, Lq, D)
+    k = np.repeat(problem.k.astype(ct), group, axis=1)  # (B, H, Lk, D)
+    v = np.repeat(problem.v.astype(ct), group, axis=1)  # (B, H, Lk, Dv)
 
-    scores = (q @ k.swapaxes(-1, -2)) * problem.scale  # (B, H, Lq, Lk)
+    scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
     if problem.mask is not None:
-        scores = scores + problem.mask.astype(np.float64)
+        scores = scores + problem.mask.astype(ct)
     visible = problem.visible()  # (B, H, Lq, Lk)
     weights = _softmax_visible(scores, visible)  # (B, H, Lq, Lk)
 
     probs = weights
     if problem.dropout_p > 0:
         keep = keep_mask(problem.seed, problem.dropout_p, (B, H, Lq, Lk))
-        probs = weights * keep / (1.0 - problem.dropout_p)
+        probs = weights * keep / ct(1.0 - problem.dropout_p)
     out = _weighted_values(probs, visible, v)  # (B, H, Lq, Dv)
 
     dtype = problem.dtype

@@ -1,0 +1,133 @@
+"""Helpers shared by the differential tests: inputs, the oracle, and the tolerance.
+
+Tolerance follows FlashAttention's tests: a backend's error against the float64
+reference must be at most twice the error of a plain implementation of the same
+formula computed in the input dtype, plus a small floor of a few ulps of the
+output's magnitude (for problems where the plain implementation happens to be
+exact).  No fixed atol is picked to make tests pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import kernels
+from kernels import reference
+from kernels._validate import check_attention_args
+
+DTYPES = (np.float32, np.float64)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem for the differential tests (sizes, masks, dropout)."""
+
+    name: str
+    B: int = 1  # batch
+    H: int = 2  # query heads
+    Hkv: int | None = None  # key/value heads (None: H)
+    Lq: int = 7  # queries
+    Lk: int | None = None  # keys (None: Lq)
+    D: int = 8  # head size of q and k
+    Dv: int | None = None  # head size of v (None: D)
+    causal: bool | str = False
+    mask: str | None = None  # None, "bool", "float", "padding" (B,1,1,Lk bool), "empty-rows"
+    key_lengths: str | None = None  # None, "random", "with-zero"
+    dropout_p: float = 0.0
+    scale: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def shapes(self):
+        Hkv = self.Hkv or self.H
+        Lk = self.Lk if self.Lk is not None else self.Lq
+        Dv = self.Dv or self.D
+        return (self.B, self.H, self.Lq, self.D), (self.B, Hkv, Lk, self.D), (self.B, Hkv, Lk, Dv)
+
+
+def make_inputs(case: Case, dtype, seed: int = 0):
+    """Random q, k, v and the keyword arguments of ``case``, reproducibly from ``seed``."""
+    rng = np.random.default_rng(seed)
+    q_shape, k_shape, v_shape = case.shapes
+    q = rng.standard_normal(q_shape).astype(dtype)
+    k = rng.standard_normal(k_shape).astype(dtype)
+    v = rng.standard_normal(v_shape).astype(dtype)
+    B, H, Lq, _ = q_shape
+    Lk = k_shape[2]
+    kwargs = dict(causal=case.causal, scale=case.scale, **case.extra)
+    if case.mask == "bool":
+        kwargs["mask"] = rng.random((B, H, Lq, Lk)) < 0.7
+    elif case.mask == "float":
+        additive = rng.standard_normal((1, H, Lq, Lk))
+        additive[rng.random(additive.shape) < 0.3] = -np.inf
+        kwargs["mask"] = additive.astype(dtype)
+    elif case.mask == "padding":
+        kwargs["mask"] = (np.arange(Lk) < rng.integers(0, Lk + 1, size=(B, 1, 1, 1)))
+    elif case.mask == "empty-rows":
+        mask = rng.random((B, H, Lq, Lk)) < 0.5
+        mask[:, :, ::3, :] = False  # every third query sees nothing
+        kwargs["mask"] = mask
+    if case.key_lengths == "random":
+        kwargs["key_lengths"] = rng.integers(1, Lk + 1, size=B) if Lk else np.zeros(B, int)
+    elif case.key_lengths == "with-zero":
+        lengths = rng.integers(0, Lk + 1, size=B)
+        lengths[0] = 0
+        kwargs["key_lengths"] = lengths
+    if case.dropout_p:
+        kwargs["dropout_p"] = case.dropout_p
+        kwargs["seed"] = 1234 + seed
+    return q, k, v, kwargs
+
+
+def oracle(q, k, v, **kwargs):
+    """``(out, weights)`` of the float64 reference and of the same formula in q's dtype."""
+    kwargs = dict(kwargs, return_weights=True)
+    problem = check_attention_args(q, k, v, **kwargs)
+    exact = reference.run(problem, compute_dtype=np.float64)
+    plain = reference.run(problem, compute_dtype=problem.dtype)
+    exact = tuple(problem.restore(x) for x in exact)
+    plain = tuple(problem.restore(x) for x in plain)
+    return exact, plain
+
+
+def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
+    """2 x the plain implementation's max error + a floor of 4 ulps of the result's scale."""
+    if exact.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(exact)
+        baseline = float(np.max(np.abs(plain - exact), where=finite, initial=0.0))
+        scale = float(np.max(np.abs(exact), where=finite, initial=1.0))
+    return 2 * baseline + 4 * float(np.finfo(dtype).eps) * max(scale, 1.0)
+
+
+def max_error(result: np.ndarray, exact: np.ndarray) -> float:
+    """Max |result - exact| over finite entries; non-finite entries must match exactly."""
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(exact), err_msg="NaN pattern differs")
+    inf = np.isinf(exact)
+    np.testing.assert_array_equal(result[inf], exact[inf], err_msg="inf entries differ")
+    if result.size == 0:
+        return 0.0
+    finite = np.isfinite(exact)
+    return float(np.max(np.abs(result.astype(np.float64) - exact), where=finite, initial=0.0))
+
+
+def assert_matches_reference(q, k, v, backend: str, **kwargs) -> float:
+    """Run ``backend`` and check its output (and weights) against the oracle; return the error."""
+    (exact_out, exact_w), (plain_out, plain_w) = oracle(q, k, v, **kwargs)
+    out, weights = kernels.attention(q, k, v, backend=backend, return_weights=True, **kwargs)
+    assert out.dtype == q.dtype and out.shape == exact_out.shape
+    assert weights.shape == exact_w.shape
+    err = max_error(out, exact_out)
+    tol = tolerance(exact_out, plain_out, q.dtype)
+    assert err <= tol, f"{backend}: output error {err:.3g} > tolerance {tol:.3g}"
+    w_err = max_error(weights, exact_w)
+    w_tol = tolerance(exact_w, plain_w, q.dtype)
+    assert w_err <= w_tol, f"{backend}: weights error {w_err:.3g} > tolerance {w_tol:.3g}"
+    # Without return_weights the fast path skips the L x L array: check that path too.
+    out_only = kernels.attention(q, k, v, backend=backend, **kwargs)
+    err_only = max_error(out_only, exact_out)
+    assert err_only <= tol, f"{backend} (no weights): error {err_only:.3g} > tolerance {tol:.3g}"
+    return max(err, err_only)
