@@ -41,7 +41,7 @@ _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
 _dropout_bits = build_dropout_bits(njit(cache=True))
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                   scale, neg_inf, threshold, keep_scale, seed, out, weights, want_weights,
                   b, h, i0, i1, block_k):

@@ -82,10 +82,15 @@ def make_inputs(case: Case, dtype, seed: int = 0):
 
 
 def oracle(q, k, v, **kwargs):
-    """``(out, weights)`` of the float64 reference and of the same formula in q's dtype."""
+    """``(out, weights)`` of the reference in high precision and of the same formula in q's dtype.
+
+    "High precision" is float64 for float32 inputs; for float64 inputs it is NumPy's
+    longdouble (80-bit on x86), so that the float64 baseline has an error of its own.
+    """
     kwargs = dict(kwargs, return_weights=True)
     problem = check_attention_args(q, k, v, **kwargs)
-    exact = reference.run(problem, compute_dtype=np.float64)
+    exact_dtype = np.float64 if problem.dtype == np.float32 else np.longdouble
+    exact = reference.run(problem, compute_dtype=exact_dtype)
     plain = reference.run(problem, compute_dtype=problem.dtype)
     exact = tuple(problem.restore(x) for x in exact)
     plain = tuple(problem.restore(x) for x in plain)

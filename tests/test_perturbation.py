@@ -1,0 +1,98 @@
+"""Perturbation tests: what a query cannot see cannot change its output, bit for bit.
+
+Hidden keys and values are overwritten with garbage (large finite numbers, NaN,
+inf); the outputs of the rows that cannot see them must stay bit-identical.  The
+fused backend never reads hidden positions, so even NaN leaves it unchanged.  The
+reference sums visible values with a different routine once a value is
+non-finite, so for it NaN is checked by closeness and finiteness, and bit-identity
+with finite garbage.
+"""
+
+import numpy as np
+import pytest
+
+import kernels
+
+GARBAGE = {"huge": 1e30, "nan": np.nan, "inf": np.inf, "-inf": -np.inf}
+BACKENDS = ["numba", "reference"]
+
+
+def _assert_unchanged(before, after, backend, garbage):
+    if backend == "reference" and not np.isfinite(GARBAGE[garbage]):
+        assert np.isfinite(after).all()
+        np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(after, before)
+
+
+def _qkv(shape=(2, 4, 40, 16), kv_heads=2, seed=0):
+    rng = np.random.default_rng(seed)
+    B, H, L, D = shape
+    return (
+        rng.standard_normal((B, H, L, D)).astype(np.float32),
+        rng.standard_normal((B, kv_heads, L, D)).astype(np.float32),
+        rng.standard_normal((B, kv_heads, L, D)).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, "bottom-right"])
+def test_future_tokens_cannot_change_the_past(backend, garbage, causal):
+    q, k, v = _qkv()
+    L = q.shape[2]
+    before = kernels.attention(q, k, v, causal=causal, backend=backend)
+    t = 23  # every key from t on is in the future of queries < t (Lq = Lk: both alignments agree)
+    k2, v2, q2 = k.copy(), v.copy(), q.copy()
+    k2[:, :, t:] = GARBAGE[garbage]
+    v2[:, :, t:] = GARBAGE[garbage]
+    q2[:, :, t:] = GARBAGE[garbage]
+    after = kernels.attention(q2, k2, v2, causal=causal, backend=backend)
+    _assert_unchanged(before[:, :, :t], after[:, :, :t], backend, garbage)
+    assert L > t
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_by_key_lengths_is_never_read(backend, garbage):
+    q, k, v = _qkv()
+    lengths = np.array([17, 40])
+    before = kernels.attention(q, k, v, key_lengths=lengths, backend=backend)
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 17:] = GARBAGE[garbage]
+    v2[0, :, 17:] = GARBAGE[garbage]
+    after = kernels.attention(q, k2, v2, key_lengths=lengths, backend=backend)
+    _assert_unchanged(before, after, backend, garbage)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float -inf"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_keys_are_never_read(backend, garbage, mask_kind):
+    """A padding mask (B, 1, 1, Lk) hides whole key columns: their content is irrelevant."""
+    q, k, v = _qkv()
+    hidden = np.zeros((2, 1, 1, 40), bool)
+    hidden[0, ..., 30:] = True
+    hidden[1, ..., ::3] = True
+    mask = ~hidden if mask_kind == "bool" else np.where(hidden, -np.inf, 0.5).astype(np.float32)
+    before = kernels.attention(q, k, v, mask=mask, backend=backend)
+    k2, v2 = k.copy(), v.copy()
+    cols = np.broadcast_to(hidden[:, :, 0, :], (2, 2, 40))  # (B, Hkv, Lk)
+    k2[cols] = GARBAGE[garbage]
+    v2[cols] = GARBAGE[garbage]
+    after = kernels.attention(q, k2, v2, mask=mask, backend=backend)
+    _assert_unchanged(before, after, backend, garbage)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_self_attention_layer_ignores_future_tokens(backend):
+    """Through a whole MultiHeadAttention layer: changing token t changes no output before t."""
+    layer = kernels.MultiHeadAttention(32, 4, n_kv_heads=2, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 25, 32)).astype(np.float32)
+    before = layer(x, causal=True, backend=backend)
+    x2 = x.copy()
+    x2[:, 11:] = rng.standard_normal(x2[:, 11:].shape)
+    after = layer(x2, causal=True, backend=backend)
+    np.testing.assert_array_equal(after[:, :11], before[:, :11])
+    assert not np.array_equal(after[:, 11:], before[:, 11:])
