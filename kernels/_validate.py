@@ -35,7 +35,7 @@ class AttentionProblem:
     v: np.ndarray  # (B, Hkv, Lk, Dv), C-contiguous
     batch_shape: tuple  # the caller's leading dims, restored on output
     had_head_dim: bool  # False for 2-D (L, D) inputs
-    mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm) additive, q.dtype; each dim 1 or full; -inf = hidden
+    mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm) additive in q.dtype, dims 1 or full; -inf hides
     key_lengths: np.ndarray | None  # (B,) int64 in [0, Lk]
     causal_offset: int | None  # query i sees keys j <= i + offset; None = not causal
     scale: float  # multiplies q . k

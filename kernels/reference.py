@@ -46,13 +46,18 @@ def _weighted_values(probs: np.ndarray, visible: np.ndarray, v: np.ndarray) -> n
     return out
 
 
-def run(problem: AttentionProblem, compute_dtype=np.float64):
-    """Attention for a validated problem; returns ``(out, weights or None)`` in its dtype.
+def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False):
+    """Attention for a validated problem; returns ``(out, weights or None)``.
 
-    ``compute_dtype`` is float64 for the oracle; the tests also run the same formula in
-    float32 to measure a plain float32 implementation's own error (the tolerance baseline),
-    and in ``np.longdouble`` as the oracle for float64 inputs (then the result stays in
-    longdouble).
+    Parameters
+    ----------
+    problem : AttentionProblem
+    compute_dtype : dtype, default float64
+        The precision the formula is evaluated in. The tests also evaluate it in the
+        input dtype (a plain implementation's own error is the tolerance baseline) and
+        in ``np.longdouble`` (the oracle for float64 inputs).
+    keep_precision : bool, default False
+        Return results in ``compute_dtype`` instead of rounding them to the input dtype.
     """
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
     group = H // Hkv
@@ -76,7 +81,7 @@ def run(problem: AttentionProblem, compute_dtype=np.float64):
         probs = weights * keep / ct(1.0 - problem.dropout_p)
     out = _weighted_values(probs, visible, v)  # (B, H, Lq, Dv)
 
-    dtype = problem.dtype if compute_dtype != np.longdouble else np.longdouble
+    dtype = ct if keep_precision else problem.dtype
     return out.astype(dtype), (weights.astype(dtype) if problem.return_weights else None)
 
 

@@ -10,3 +10,21 @@ import os
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the largest error against the reference seen per backend and dtype."""
+    from tests.support import COMPARISONS
+
+    if not COMPARISONS:
+        return
+    rows = {}
+    for backend, dtype, err, tol in COMPARISONS:
+        n, worst, worst_ratio = rows.get((backend, dtype), (0, 0.0, 0.0))
+        ratio = err / tol if tol else 0.0
+        rows[(backend, dtype)] = (n + 1, max(worst, err), max(worst_ratio, ratio))
+    write = terminalreporter.write_line
+    terminalreporter.section("agreement with the reference (differential tests)")
+    write(f"{'backend':<10} {'dtype':<8} {'comparisons':>11} {'max error':>10} {'max err/tol':>11}")
+    for (backend, dtype), (n, worst, ratio) in sorted(rows.items()):
+        write(f"{backend:<10} {dtype:<8} {n:>11} {worst:>10.2e} {ratio:>11.2f}")

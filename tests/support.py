@@ -19,6 +19,10 @@ from kernels._validate import check_attention_args
 
 DTYPES = (np.float32, np.float64)
 
+#: Every differential comparison made in this session: (backend, dtype, error, tolerance).
+#: conftest.py prints the largest error per backend and dtype at the end of the run.
+COMPARISONS: list[tuple[str, str, float, float]] = []
+
 
 @dataclass(frozen=True)
 class Case:
@@ -90,7 +94,7 @@ def oracle(q, k, v, **kwargs):
     kwargs = dict(kwargs, return_weights=True)
     problem = check_attention_args(q, k, v, **kwargs)
     exact_dtype = np.float64 if problem.dtype == np.float32 else np.longdouble
-    exact = reference.run(problem, compute_dtype=exact_dtype)
+    exact = reference.run(problem, compute_dtype=exact_dtype, keep_precision=True)
     plain = reference.run(problem, compute_dtype=problem.dtype)
     exact = tuple(problem.restore(x) for x in exact)
     plain = tuple(problem.restore(x) for x in plain)
@@ -135,4 +139,5 @@ def assert_matches_reference(q, k, v, backend: str, **kwargs) -> float:
     out_only = kernels.attention(q, k, v, backend=backend, **kwargs)
     err_only = max_error(out_only, exact_out)
     assert err_only <= tol, f"{backend} (no weights): error {err_only:.3g} > tolerance {tol:.3g}"
+    COMPARISONS.append((backend, np.dtype(q.dtype).name, max(err, err_only), tol))
     return max(err, err_only)
