@@ -1,0 +1,264 @@
+"""The machine record every result carries, and the machine's measured GEMM peak.
+
+A timing means little without the machine it came from: the CPU, how many threads
+Numba and the BLAS used, which threading layer, and the library versions.
+:func:`machine_record` gathers these once per process (JSON-serialisable);
+:func:`machine_columns` flattens the essentials into columns for a result table.
+:func:`gemm_peak_gflops` measures what the CPU reaches on a dense float GEMM with
+NumPy's BLAS, the yardstick GFLOP/s of the attention kernels are read against.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.metadata
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .timing import measure
+
+__all__ = ["gemm_peak_gflops", "machine_columns", "machine_record"]
+
+#: Environment variables that change how the BLAS or Numba run; recorded when set.
+RECORDED_ENV_VARS = (
+    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_ENABLE_CUDASIM",
+)
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else :func:`platform.processor`."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _usable_cores() -> int | None:
+    """Cores this process may run on (affinity, cgroup cpusets), if the OS says."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+@functools.cache
+def _probe_parallel():
+    """A trivial ``parallel=True`` kernel: running it once makes Numba pick a threading layer."""
+    from numba import njit, prange
+
+    @njit(parallel=True)
+    def _sum(n):
+        total = 0
+        for i in prange(n):
+            total += i
+        return total
+
+    return _sum
+
+
+def numba_threading_layer() -> str:
+    """The threading layer Numba uses (``"omp"``, ``"tbb"`` or ``"workqueue"``).
+
+    Numba chooses it on the first parallel launch, so if none has run yet a trivial
+    parallel kernel is run once (it compiles in well under a second).
+    """
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        pass
+    try:
+        _probe_parallel()(4)
+        return numba.threading_layer()
+    except Exception as exc:  # a broken layer must not stop the record
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+def _owner(filepath: str | None) -> str | None:
+    """The package that ships a library: ``.../site-packages/numpy.libs/x.so`` -> ``numpy``."""
+    if not filepath:
+        return None
+    parts = Path(filepath).parts
+    for site in ("site-packages", "dist-packages"):
+        if site in parts and parts.index(site) + 1 < len(parts) - 1:
+            return parts[parts.index(site) + 1].removesuffix(".libs")
+    return None
+
+
+def _threadpools() -> tuple[list[dict], list[dict]]:
+    """BLAS and OpenMP libraries loaded in this process, as threadpoolctl sees them.
+
+    Often two BLAS are loaded: NumPy's, and SciPy's, which Numba loads for ``np.dot``
+    and ``np.linalg`` inside compiled code; ``owner`` tells them apart.
+    """
+    from threadpoolctl import threadpool_info
+
+    keys = ("internal_api", "version", "architecture", "threading_layer", "num_threads",
+            "prefix", "filepath")
+    blas, openmp = [], []
+    for pool in threadpool_info():
+        entry = {key: pool.get(key) for key in keys}
+        entry["owner"] = _owner(entry["filepath"])
+        (blas if pool.get("user_api") == "blas" else openmp).append(entry)
+    return blas, openmp
+
+
+def _version(package: str) -> str | None:
+    """Version of ``package``: of the loaded module if imported, else installed metadata."""
+    module = sys.modules.get(package)
+    if module is not None and hasattr(module, "__version__"):
+        return str(module.__version__)
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _record() -> dict:
+    import numba
+
+    layer = numba_threading_layer()  # may load an OpenMP runtime: before threadpoolctl
+    blas, openmp = _threadpools()
+    return {
+        "cpu_model": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": _usable_cores(),
+        "numba_threads": numba.get_num_threads(),
+        "numba_threading_layer": layer,
+        "blas": blas,
+        "openmp": openmp,
+        "env": {name: os.environ[name] for name in RECORDED_ENV_VARS if name in os.environ},
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "pandas": _version("pandas"),
+        "threadpoolctl": _version("threadpoolctl"),
+        "torch": _version("torch"),
+        "numba_cuda": _version("numba-cuda"),
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+    }
+
+
+def machine_record() -> dict:
+    """Where and with what a measurement ran: CPU, threads, BLAS, versions.
+
+    Gathered once per process (later calls return a copy of the first record), and
+    JSON-serialisable.
+
+    Returns
+    -------
+    dict
+        ``cpu_model``, ``logical_cores`` (:func:`os.cpu_count`), ``usable_cores``
+        (affinity), ``numba_threads``, ``numba_threading_layer``, ``blas`` and ``openmp``
+        (lists of threadpoolctl entries: ``internal_api``, ``version``, ``architecture``,
+        ``threading_layer``, ``num_threads``, ``prefix``, ``filepath``, and ``owner``, the
+        package that ships the library, e.g. ``numpy`` or ``scipy``), ``env`` (the
+        :data:`RECORDED_ENV_VARS` that are set, e.g. ``OPENBLAS_CORETYPE``), the versions
+        ``python``, ``numpy``, ``numba``, ``pandas``, ``threadpoolctl``, ``torch`` and
+        ``numba_cuda`` (``None`` when not installed), ``hostname``, ``platform`` and
+        ``machine``.
+
+    Notes
+    -----
+    ``numba_threads`` is read when the record is first made; a later
+    ``numba.set_num_threads`` is not reflected.  The ``torch`` version is read from the
+    installed metadata unless torch is already imported (importing it takes seconds).
+    """
+    return copy.deepcopy(_record())
+
+
+def _blas_summary(blas: list[dict]) -> str:
+    """``"numpy: openblas 0.3.31 SkylakeX x2"`` for each loaded BLAS, joined by ``"; "``."""
+    parts = []
+    for entry in blas:
+        words = [f"{entry['owner']}:" if entry.get("owner") else None, entry["internal_api"],
+                 entry["version"], entry.get("architecture"), f"x{entry['num_threads']}"]
+        parts.append(" ".join(str(word) for word in words if word))
+    return "; ".join(parts) or "none loaded"
+
+
+def machine_columns(record: dict | None = None) -> dict:
+    """The record's essentials as flat columns (str/int) for every row of a result table.
+
+    Parameters
+    ----------
+    record : dict, optional
+        A :func:`machine_record`; made if not given.
+    """
+    record = machine_record() if record is None else record
+    return {
+        "cpu_model": record["cpu_model"],
+        "logical_cores": record["logical_cores"],
+        "numba_threads": record["numba_threads"],
+        "threading_layer": record["numba_threading_layer"],
+        "blas": _blas_summary(record["blas"]),
+        "python": record["python"],
+        "numpy": record["numpy"],
+        "numba": record["numba"],
+        "hostname": record["hostname"],
+    }
+
+
+def summary_lines(record: dict | None = None) -> list[str]:
+    """A few human-readable lines describing the machine, for the console."""
+    record = machine_record() if record is None else record
+    env = ", ".join(f"{key}={value}" for key, value in record["env"].items()) or "none"
+    return [
+        f"CPU        {record['cpu_model']} ({record['logical_cores']} logical cores, "
+        f"{record['usable_cores']} usable)",
+        f"Numba      {record['numba']}: {record['numba_threads']} threads, "
+        f"{record['numba_threading_layer']} layer",
+        f"BLAS       {_blas_summary(record['blas'])}",
+        f"Versions   python {record['python']}, numpy {record['numpy']}, "
+        f"pandas {record['pandas']}, torch {record['torch']}",
+        f"Host       {record['hostname']} ({record['platform']})",
+        f"Env        {env}",
+    ]
+
+
+def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
+                     max_time: float = 2.0) -> float:
+    """The machine's measured dense GEMM throughput with NumPy's BLAS, in GFLOP/s.
+
+    Times ``a @ b`` for square ``n x n`` matrices (``2·n³`` FLOPs) with
+    :func:`attnbench.timing.measure` and returns the FLOPs over the median time: what
+    this machine's BLAS actually reaches on all its threads, measured in this process so
+    kernels can be compared against it side by side.
+
+    Parameters
+    ----------
+    dtype : dtype, default float32
+    n : int, default 1024
+        Matrix size; large enough for the BLAS to reach its plateau on a few cores
+        (2.1 GFLOP per product), small enough to take milliseconds.
+    repeat : int, default 7
+        Timed products (the median is used); one untimed warm-up comes first.
+    max_time : float, default 2.0
+        Time budget in seconds (see :func:`attnbench.timing.measure`).
+
+    Returns
+    -------
+    float
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    out = np.empty((n, n), dtype=dtype)
+    timing = measure(lambda: np.matmul(a, b, out=out), repeat=repeat, max_time=max_time,
+                     number=1)
+    return 2 * n**3 / timing.median / 1e9
