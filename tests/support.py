@@ -1,10 +1,10 @@
 """Helpers shared by the differential tests: inputs, the oracle, and the tolerance.
 
-Tolerance follows FlashAttention's tests: a backend's error against the float64
-reference must be at most twice the error of a plain implementation of the same
-formula computed in the input dtype, plus a small floor of a few ulps of the
-output's magnitude (for problems where the plain implementation happens to be
-exact).  No fixed atol is picked to make tests pass.
+Tolerance follows FlashAttention's tests (see :mod:`attnbench.accuracy`, shared with
+``attnbench run``): a backend's error against the oracle must be at most twice the
+error of a plain implementation of the same formula computed in the input dtype, plus
+a small floor of a few ulps of the output's magnitude.  No fixed atol is picked to
+make tests pass.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import kernels
+from attnbench.accuracy import max_abs_error, oracle_dtype, tolerance
 from kernels import reference
 from kernels._validate import check_attention_args
 
@@ -86,41 +87,26 @@ def make_inputs(case: Case, dtype, seed: int = 0):
 
 
 def oracle(q, k, v, **kwargs):
-    """``(out, weights)`` of the reference in high precision and of the same formula in q's dtype.
+    """``(out, weights)`` of the oracle and of the same formula in q's dtype.
 
-    "High precision" is float64 for float32 inputs; for float64 inputs it is NumPy's
-    longdouble (80-bit on x86), so that the float64 baseline has an error of its own.
+    The oracle dtype is float64 for float32 inputs and ``np.longdouble`` for float64
+    inputs (:func:`attnbench.accuracy.oracle_dtype`), so the float64 baseline has an
+    error of its own.
     """
     kwargs = dict(kwargs, return_weights=True)
     problem = check_attention_args(q, k, v, **kwargs)
-    exact_dtype = np.float64 if problem.dtype == np.float32 else np.longdouble
-    exact = reference.run(problem, compute_dtype=exact_dtype, keep_precision=True)
+    exact = reference.run(problem, compute_dtype=oracle_dtype(problem.dtype), keep_precision=True)
     plain = reference.run(problem, compute_dtype=problem.dtype)
     exact = tuple(problem.restore(x) for x in exact)
     plain = tuple(problem.restore(x) for x in plain)
     return exact, plain
 
 
-def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
-    """2 x the plain implementation's max error + a floor of 4 ulps of the result's scale."""
-    if exact.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        finite = np.isfinite(exact)
-        baseline = float(np.max(np.abs(plain - exact), where=finite, initial=0.0))
-        scale = float(np.max(np.abs(exact), where=finite, initial=1.0))
-    return 2 * baseline + 4 * float(np.finfo(dtype).eps) * max(scale, 1.0)
-
-
 def max_error(result: np.ndarray, exact: np.ndarray) -> float:
-    """Max |result - exact| over finite entries; non-finite entries must match exactly."""
-    np.testing.assert_array_equal(np.isnan(result), np.isnan(exact), err_msg="NaN pattern differs")
-    inf = np.isinf(exact)
-    np.testing.assert_array_equal(result[inf], exact[inf], err_msg="inf entries differ")
-    if result.size == 0:
-        return 0.0
-    finite = np.isfinite(exact)
-    return float(np.max(np.abs(result.astype(np.float64) - exact), where=finite, initial=0.0))
+    """Max |result - exact|; fails the test if the NaN/inf entries differ from the oracle's."""
+    err = max_abs_error(result, exact)
+    assert np.isfinite(err), "NaN or inf where the oracle has a number, or the reverse"
+    return err
 
 
 def assert_matches_reference(q, k, v, backend: str, **kwargs) -> float:
