@@ -1,0 +1,530 @@
+"""The ``cuda`` backend: fused masked attention on an NVIDIA GPU with numba.cuda.
+
+One CUDA thread owns one query row; a block holds ``BLOCK_Q`` consecutive rows
+of one (batch, head) and the 1-D grid covers every (batch, head, query tile),
+query tiles of the same head side by side so that they share K and V in L2.
+The block walks the keys in tiles of ``BLOCK_K``: its threads copy the K and V
+rows of a tile into shared memory together, then each thread scores its row
+against the tile and updates its online softmax (running max ``m``, running sum
+``ℓ``, rescale by ``exp(m_old - m_new)``), with the unnormalised output row in
+a per-thread ``cuda.local.array``.  The semantics are those of the CPU kernel
+in :mod:`kernels.numba_cpu`, line for line:
+
+- a key hidden by ``causal``, ``key_lengths`` or the mask is never used: tiles
+  past ``key_lengths[b]`` or above the causal diagonal of the whole block are
+  not even loaded, and a masked key is skipped before its dot product;
+- a NaN score at a visible position makes the whole output row NaN, a row that
+  sees no key gets 0;
+- dropout uses the stateless hash of :mod:`kernels._dropout` (same keep/drop
+  decision as every other backend) with inverted scaling, and the row sum is
+  taken before dropout;
+- ``return_weights`` writes the raw scores into the weights row and normalises
+  them at the end.
+
+Shared memory (dynamic, one buffer of the input dtype, ``BLOCK_K`` keys)::
+
+    [0, BLOCK_K*D)                   K tile, key-major: key kk at kk*D
+    [BLOCK_K*D, BLOCK_K*(D+Dv))      V tile, key-major: key kk at BLOCK_K*D + kk*Dv
+    [BLOCK_K*(D+Dv), +BLOCK_K*BQ)    scores, row r's score for key kk at kk*BQ + r
+
+Every thread reads the same K/V element at the same time (a broadcast) and its
+own column of the score tile (consecutive threads, consecutive words: no bank
+conflict).  No warp shuffles are used, so the same kernel runs in Numba's CUDA
+simulator (``NUMBA_ENABLE_CUDASIM=1``), where the tests run it with tiny tiles.
+
+Kernels are built per dtype by :func:`_kernel_source` so that every constant
+has the input dtype: the float32 kernel contains no float64 instruction
+(:func:`compile_ptx_all` and the tests check its PTX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import threading
+
+import numba
+import numpy as np
+from numba import cuda
+
+from ._dropout import build_dropout_bits, dropout_threshold
+from ._validate import (
+    AttentionProblem,
+    _check_causal,
+    _check_key_lengths,
+    _check_mask,
+    _check_qkv,
+    _check_scale,
+    check_dropout,
+)
+
+#: Largest head size (D and Dv) the kernel supports: the size of its per-thread arrays.
+MAX_HEAD_DIM = 256
+#: Dynamic shared memory a block may use without an opt-in, in bytes.
+SHARED_MEMORY_BYTES = 48 * 1024
+
+
+def _simulator_enabled() -> bool:
+    """True if ``numba.cuda`` is Numba's CUDA simulator."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:  # older numba-cuda keeps the flag in numba's config
+        from numba.core import config
+    return bool(getattr(config, "ENABLE_CUDASIM", os.environ.get("NUMBA_ENABLE_CUDASIM")))
+
+
+SIMULATOR = _simulator_enabled()
+#: Query rows (threads) per block; the simulator runs one Python thread per CUDA thread.
+BLOCK_Q = 4 if SIMULATOR else 64
+#: Keys per shared-memory tile (lowered for large head sizes to fit SHARED_MEMORY_BYTES).
+BLOCK_K = 4 if SIMULATOR else 64
+
+# Device functions are inlined into the kernel at the Numba IR level: that is also what lets
+# compile_ptx_all work without a GPU (numba-cuda compiles a non-inlined device function
+# for the current device's compute capability, which needs a driver).
+_device = cuda.jit(device=True, inline="always")
+_dropout_bits = build_dropout_bits(_device)  # the hash every backend shares
+
+# The simulator is not thread-safe: a launch configures the kernel object in place and swaps
+# this module's ``cuda`` global for a fake one while it runs.  Its calls are serialised.
+_simulator_lock = threading.RLock() if SIMULATOR else contextlib.nullcontext()
+
+
+def _kernel_source(dtype):
+    """The attention kernel for ``dtype`` as a plain Python function (not yet compiled).
+
+    All constants are created in ``dtype`` here, so no literal promotes float32 to float64.
+    """
+    F = numba.from_dtype(np.dtype(dtype))  # the numba scalar type, also a cast inside kernels
+    ZERO = F(0)
+    ONE = F(1)
+    NEG_INF = F(-np.inf)
+    NAN = F(np.nan)
+    NO_DROPOUT = np.uint64(0)
+
+    @_device
+    def load_tile(tiles, offset, src, b, hk, j0, n_keys, t, block_q):
+        """Copy rows j0 .. j0+n_keys-1 of src[b, hk] into tiles[offset:], all threads together.
+
+        Thread t copies elements t, t + block_q, ... of the (contiguous) rows: consecutive
+        threads read consecutive words.  The (key, column) of the element is advanced
+        without a division per element.
+        """
+        width = src.shape[3]
+        if width == 0:  # Dv = 0: nothing to copy
+            return
+        kk = t // width  # key of element idx, relative to j0
+        d = t % width  # column of element idx
+        step_keys = block_q // width
+        step_d = block_q % width
+        for idx in range(t, n_keys * width, block_q):
+            tiles[offset + idx] = src[b, hk, j0 + kk, d]
+            kk += step_keys
+            d += step_d
+            if d >= width:
+                d -= width
+                kk += 1
+
+    @_device
+    def score_tile(q_row, tiles, s_off, t, block_q, D, n_keys, j0, mask, mask_row, mask_sj,
+                   has_mask, scale, weights, want_weights, b, h, i, row_nan):
+        """Scores of row i against the first ``n_keys`` keys of the tile; returns the tile max."""
+        tile_max = NEG_INF
+        for kk in range(n_keys):
+            j = j0 + kk
+            score = ZERO
+            if has_mask:
+                score = mask[mask_row + j * mask_sj]
+                if score == NEG_INF:  # hidden: k[j] and v[j] are not used
+                    tiles[s_off + kk * block_q + t] = NEG_INF
+                    continue
+            dot = ZERO
+            k_base = kk * D
+            for d in range(D):
+                dot += q_row[d] * tiles[k_base + d]
+            score += dot * scale
+            tiles[s_off + kk * block_q + t] = score
+            if want_weights:
+                weights[b, h, i, j] = score
+            if score > tile_max:
+                tile_max = score
+            elif score != score:
+                row_nan = True
+        return tile_max, row_nan
+
+    @_device
+    def accumulate_tile(acc, tiles, v_off, s_off, t, block_q, Dv, n_keys, j0, tile_max,
+                        row_max, row_sum, threshold, keep_scale, seed, b, h, i):
+        """Online-softmax update of row i with its scores of the tile; returns (m, ℓ)."""
+        if tile_max > row_max:  # rescale what was accumulated under the old max
+            correction = F(math.exp(row_max - tile_max))
+            row_sum *= correction
+            for d in range(Dv):
+                acc[d] *= correction
+            row_max = tile_max
+        for kk in range(n_keys):
+            score = tiles[s_off + kk * block_q + t]
+            if score == NEG_INF:
+                continue
+            p = F(math.exp(score - row_max))
+            row_sum += p  # the sum is taken before dropout
+            if threshold > NO_DROPOUT:
+                if _dropout_bits(seed, b, h, i, j0 + kk) < threshold:
+                    continue
+                p *= keep_scale
+            v_base = v_off + kk * Dv
+            for d in range(Dv):
+                acc[d] += p * tiles[v_base + d]
+        return row_max, row_sum
+
+    @_device
+    def finish_row(acc, out, weights, want_weights, b, h, i, row_max, row_sum, row_nan):
+        """Divide row i by its sum (0 if it saw no key, NaN if a score was NaN)."""
+        inv_sum = ZERO
+        if row_sum > ZERO:
+            inv_sum = ONE / row_sum
+        for d in range(out.shape[3]):
+            out[b, h, i, d] = NAN if row_nan else acc[d] * inv_sum
+        if want_weights:
+            for j in range(weights.shape[3]):
+                score = weights[b, h, i, j]
+                if row_nan:
+                    weights[b, h, i, j] = NAN
+                elif score == NEG_INF:
+                    weights[b, h, i, j] = ZERO
+                else:
+                    weights[b, h, i, j] = F(math.exp(score - row_max)) * inv_sum
+
+    def attention_kernel(q, k, v, mask, mask_sb, mask_sh, mask_si, mask_sj, has_mask,
+                         key_lengths, causal, causal_offset, scale, threshold, keep_scale, seed,
+                         out, weights, want_weights, block_k):
+        # q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), out (B, H, Lq, Dv),
+        # weights (B, H, Lq, Lk) or a dummy, mask flat with element strides mask_s*.
+        H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
+        Dv = v.shape[3]
+        t = cuda.threadIdx.x
+        block_q = cuda.blockDim.x
+        n_tiles = (Lq + block_q - 1) // block_q
+        bh = cuda.blockIdx.x // n_tiles  # (batch, head) of this block
+        b = bh // H
+        h = bh % H
+        hk = h // (H // k.shape[1])  # GQA/MQA: the kv head of query head h
+        i0 = (cuda.blockIdx.x % n_tiles) * block_q
+        i = i0 + t  # this thread's query row
+        active = i < Lq  # threads past Lq still load tiles and reach every syncthreads
+
+        tiles = cuda.shared.array(0, F)  # K tile | V tile | score tile, see the module doc
+        v_off = block_k * D
+        s_off = block_k * (D + Dv)
+        q_row = cuda.local.array(MAX_HEAD_DIM, F)  # (D,)
+        acc = cuda.local.array(MAX_HEAD_DIM, F)  # (Dv,) unnormalised output row
+        row_max = NEG_INF  # running max m
+        row_sum = ZERO  # running sum ℓ
+        row_nan = False  # a visible score was NaN
+        if active:
+            for d in range(D):
+                q_row[d] = q[b, h, i, d]
+            for d in range(Dv):
+                acc[d] = ZERO
+            if want_weights:
+                for j in range(weights.shape[3]):
+                    weights[b, h, i, j] = NEG_INF
+
+        # Keys any row of the block can see: tiles past them are never loaded.
+        key_end = key_lengths[b]
+        row_end = key_end
+        if causal:
+            key_end = min(key_end, min(i0 + block_q, Lq) + causal_offset)
+            row_end = min(row_end, i + causal_offset + 1)
+        mask_row = b * mask_sb + h * mask_sh + i * mask_si
+
+        for j0 in range(0, key_end, block_k):
+            n_keys = min(block_k, key_end - j0)
+            cuda.syncthreads()  # everyone is done with the previous tile
+            load_tile(tiles, 0, k, b, hk, j0, n_keys, t, block_q)
+            load_tile(tiles, v_off, v, b, hk, j0, n_keys, t, block_q)
+            cuda.syncthreads()  # the tile is loaded
+            row_keys = min(row_end - j0, n_keys)  # keys of this tile row i may see
+            if active and row_keys > 0:
+                tile_max, row_nan = score_tile(
+                    q_row, tiles, s_off, t, block_q, D, row_keys, j0, mask, mask_row, mask_sj,
+                    has_mask, scale, weights, want_weights, b, h, i, row_nan)
+                if tile_max != NEG_INF:
+                    row_max, row_sum = accumulate_tile(
+                        acc, tiles, v_off, s_off, t, block_q, Dv, row_keys, j0, tile_max,
+                        row_max, row_sum, threshold, keep_scale, seed, b, h, i)
+
+        if active:
+            finish_row(acc, out, weights, want_weights, b, h, i, row_max, row_sum, row_nan)
+
+    return attention_kernel
+
+
+def _signature(dtype):
+    """The kernel's argument types for ``dtype`` (arrays C-contiguous)."""
+    F = numba.from_dtype(np.dtype(dtype))
+    array4 = numba.types.Array(F, 4, "C")
+    i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
+    return (
+        array4, array4, array4,  # q, k, v
+        numba.types.Array(F, 1, "C"), i64, i64, i64, i64, boolean,  # mask, strides, has_mask
+        numba.types.Array(i64, 1, "C"), boolean, i64,  # key_lengths, causal, causal_offset
+        F, u64, F, u64,  # scale, threshold, keep_scale, seed
+        array4, array4, boolean,  # out, weights, want_weights
+        i64,  # block_k
+    )
+
+
+@functools.cache
+def _kernel(dtype):
+    """The compiled (or, in the simulator, simulated) kernel for ``dtype``."""
+    dtype = np.dtype(dtype)
+    source = _kernel_source(dtype)
+    if SIMULATOR:
+        return cuda.jit(source)
+    return cuda.jit(_signature(dtype), cache=True)(source)
+
+
+def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
+    """Compile every kernel to PTX for compute capability ``cc``; needs NVVM, not a GPU.
+
+    Parameters
+    ----------
+    cc : tuple of int, default (9, 0)
+
+    Returns
+    -------
+    dict of str to str
+        ``{"attention_float32": ptx, "attention_float64": ptx}``.
+
+    Raises
+    ------
+    RuntimeError
+        In the CUDA simulator, which cannot compile.
+    """
+    if SIMULATOR:
+        raise RuntimeError("compile_ptx_all needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
+    ptx = {}
+    for dtype in (np.float32, np.float64):
+        name = f"attention_{np.dtype(dtype).name}"
+        ptx[name], _ = cuda.compile_ptx(_kernel_source(dtype), _signature(dtype), cc=tuple(cc))
+    return ptx
+
+
+def check_supported(problem: AttentionProblem) -> None:
+    """Raise ValueError if the cuda backend cannot run ``problem`` (a head size > MAX_HEAD_DIM)."""
+    B, H, Hkv, Lq, Lk, D, Dv = problem.shape
+    if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
+        raise ValueError(
+            f"backend='cuda' supports head sizes up to {MAX_HEAD_DIM}; got D={D} and Dv={Dv} "
+            f"(q {(B, H, Lq, D)}, k {(B, Hkv, Lk, D)}, v {(B, Hkv, Lk, Dv)}); "
+            "use backend='numba' for larger heads"
+        )
+
+
+def _keys_per_tile(block_k: int, block_q: int, D: int, Dv: int, itemsize: int) -> int:
+    """``block_k`` lowered until the K, V and score tiles fit in SHARED_MEMORY_BYTES."""
+    fits = SHARED_MEMORY_BYTES // (itemsize * (D + Dv + block_q))
+    return max(1, min(block_k, fits))
+
+
+def _launch(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
+            block_q=None, block_k=None) -> None:
+    """Launch the kernel on device arrays; ``problem`` supplies everything but the data.
+
+    ``problem.q``, ``.k`` and ``.v`` are only read for their shapes and dtype (they may be
+    zero-memory stand-ins); ``q``, ``k``, ``v``, ``out`` and ``weights`` are device arrays.
+    """
+    B, H, _, Lq, _, D, Dv = problem.shape
+    if B * H * Lq == 0:
+        return
+    dtype = problem.dtype
+    block_q = min(block_q or BLOCK_Q, Lq)
+    block_k = _keys_per_tile(block_k or BLOCK_K, block_q, D, Dv, dtype.itemsize)
+    shared_bytes = block_k * (D + Dv + block_q) * dtype.itemsize
+    n_blocks = B * H * ((Lq + block_q - 1) // block_q)
+
+    has_mask = problem.mask is not None
+    mask = problem.mask.reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
+    mask_dev = cuda.to_device(mask, stream=stream)  # (mask size,)
+    lengths_dev = cuda.to_device(problem.key_lengths_or_full(), stream=stream)  # (B,)
+    mask_sb, mask_sh, mask_si, mask_sj = problem.mask_strides()
+    ftype = dtype.type
+    _kernel(dtype)[n_blocks, block_q, stream, shared_bytes](
+        q, k, v,
+        mask_dev, mask_sb, mask_sh, mask_si, mask_sj, has_mask,
+        lengths_dev, problem.causal_offset is not None, problem.causal_offset or 0,
+        ftype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
+        ftype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
+        out, weights, problem.return_weights,
+        block_k,
+    )
+
+
+def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int | None = None):
+    """Attention for a validated problem on the GPU; returns ``(out, weights or None)``.
+
+    Copies the problem's NumPy arrays to the device, launches the kernel and copies the
+    results back.
+
+    Parameters
+    ----------
+    problem : AttentionProblem
+    block_q, block_k : int, optional
+        Query rows per block and keys per tile; default ``BLOCK_Q`` and ``BLOCK_K``.
+
+    Returns
+    -------
+    out : ndarray, shape (B, H, Lq, Dv)
+    weights : ndarray, shape (B, H, Lq, Lk), or None unless ``problem.return_weights``
+    """
+    check_supported(problem)
+    B, H, _, Lq, Lk, _, Dv = problem.shape
+    dtype = problem.dtype
+    if B * H * Lq == 0:
+        out = np.empty((B, H, Lq, Dv), dtype=dtype)
+        weights = np.empty((B, H, Lq, Lk), dtype=dtype)
+        return out, (weights if problem.return_weights else None)
+
+    with _simulator_lock:
+        q = cuda.to_device(problem.q)  # (B, H, Lq, D)
+        k = cuda.to_device(problem.k)  # (B, Hkv, Lk, D)
+        v = cuda.to_device(problem.v)  # (B, Hkv, Lk, Dv)
+        out = cuda.device_array((B, H, Lq, Dv), dtype=dtype)
+        weights_shape = (B, H, Lq, Lk) if problem.return_weights else (1, 1, 1, 1)
+        weights = cuda.device_array(weights_shape, dtype=dtype)
+        _launch(problem, q, k, v, out, weights, block_q=block_q, block_k=block_k)
+        return out.copy_to_host(), (weights.copy_to_host() if problem.return_weights else None)
+
+
+# --- the device-array entry point ---------------------------------------------------------
+
+
+def _is_device_array(x) -> bool:
+    return getattr(x, "__cuda_ndarray__", False) or hasattr(x, "__cuda_array_interface__")
+
+
+def _as_device_array(name: str, x):
+    """``x`` as a numba device array (no copy), or TypeError if it is not on the device."""
+    if getattr(x, "__cuda_ndarray__", False):  # numba's device arrays (and the simulator's)
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(x)
+    raise TypeError(
+        f"{name} is a {type(x).__name__}, not a device array; attention_device takes arrays "
+        "on the GPU (cuda.to_device(x)); use kernels.attention for NumPy arrays"
+    )
+
+
+def _check_device_layout(name: str, x, letter: str) -> None:
+    """4-D and C-contiguous, with a message naming the layout ``(B, H, L<letter>, D)``."""
+    if x.ndim != 4:
+        raise ValueError(
+            f"{name} must be a 4-D (B, H, L{letter}, D) device array; got shape {tuple(x.shape)}"
+        )
+    if not x.is_c_contiguous():
+        raise ValueError(
+            f"{name} of shape {tuple(x.shape)} must be C-contiguous "
+            "(copy it with cupy.ascontiguousarray or a device-to-device copy)"
+        )
+
+
+def _stand_in(x) -> np.ndarray:
+    """A zero-memory NumPy array with the shape and dtype of device array ``x``."""
+    shape = tuple(x.shape)
+    stand_in = np.lib.stride_tricks.as_strided(
+        np.zeros(1, dtype=x.dtype), shape, (0,) * len(shape), writeable=False
+    )
+    return stand_in
+
+
+def _to_host(name: str, x):
+    """Host copy of a small argument (mask, key_lengths) that may live on the device."""
+    if x is not None and _is_device_array(x):
+        return _as_device_array(name, x).copy_to_host()
+    return x
+
+
+def _device_problem(q, k, v, *, causal, mask, key_lengths, scale, dropout_p, seed,
+                    return_weights) -> AttentionProblem:
+    """Validate the device arrays' shapes and the other arguments, without copying q, k, v."""
+    for name, x, letter in (("q", q, "q"), ("k", k, "k"), ("v", v, "k")):
+        _check_device_layout(name, x, letter)
+    q0, k0, v0 = _check_qkv(_stand_in(q), _stand_in(k), _stand_in(v))
+    B, H, Lq, D = q0.shape
+    Lk = k0.shape[2]
+    if not isinstance(return_weights, bool | np.bool_):
+        raise TypeError(f"return_weights must be a bool; got {type(return_weights).__name__}")
+    dropout_p, seed = check_dropout(dropout_p, seed)
+    return AttentionProblem(
+        q=q0, k=k0, v=v0, batch_shape=(B,), had_head_dim=True,
+        mask=_check_mask(_to_host("mask", mask), (B, H, Lq, Lk), q0.dtype),
+        key_lengths=_check_key_lengths(_to_host("key_lengths", key_lengths), (B,), Lk),
+        causal_offset=_check_causal(causal, Lq, Lk), scale=_check_scale(scale, D),
+        dropout_p=dropout_p, seed=seed, return_weights=bool(return_weights),
+    )
+
+
+def _check_out(out, shape: tuple, dtype: np.dtype, stream):
+    """The output device array: ``out`` after checking it, or a new one."""
+    if out is None:
+        return cuda.device_array(shape, dtype=dtype, stream=stream)
+    out = _as_device_array("out", out)
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.is_c_contiguous():
+        raise ValueError(
+            f"out must be a C-contiguous device array of shape {shape} (B, H, Lq, Dv) and dtype "
+            f"{dtype}; got shape {tuple(out.shape)} and dtype {out.dtype}"
+        )
+    return out
+
+
+def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
+                     dropout_p=0.0, seed=None, return_weights=False, out=None, stream=0):
+    """Masked multi-head attention on device arrays; nothing big is copied to or from the host.
+
+    Same semantics as :func:`kernels.attention` with 4-D inputs.
+
+    Parameters
+    ----------
+    q : device array, shape (B, H, Lq, D)
+        Numba device array or any object with ``__cuda_array_interface__`` (CuPy, PyTorch),
+        C-contiguous, float32 or float64.
+    k : device array, shape (B, Hkv, Lk, D)
+    v : device array, shape (B, Hkv, Lk, Dv)
+    causal, mask, key_lengths, scale, dropout_p, seed, return_weights
+        As in :func:`kernels.attention`; ``mask`` and ``key_lengths`` may be host arrays
+        (device ones are copied to the host for validation).
+    out : device array, shape (B, H, Lq, Dv), optional
+        Where to write the output; allocated if not given.
+    stream : numba stream or 0, default 0
+        The stream for the copies of the mask and key lengths, the allocations and the launch.
+
+    Returns
+    -------
+    out : device array, shape (B, H, Lq, Dv)
+    weights : device array, shape (B, H, Lq, Lk)
+        Only if ``return_weights``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Inputs not on the device, not 4-D C-contiguous, of the wrong dtype or of shapes that
+        do not fit together (the message names the argument and the shapes); head sizes
+        above MAX_HEAD_DIM.
+    """
+    with _simulator_lock:
+        q, k, v = (_as_device_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+        problem = _device_problem(
+            q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
+            dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+        )
+        check_supported(problem)
+        B, H, _, Lq, Lk, _, Dv = problem.shape
+        dtype = problem.dtype
+        out = _check_out(out, (B, H, Lq, Dv), dtype, stream)  # (B, H, Lq, Dv)
+        weights_shape = (B, H, Lq, Lk) if return_weights else (1, 1, 1, 1)
+        weights = cuda.device_array(weights_shape, dtype=dtype, stream=stream)
+        _launch(problem, q, k, v, out, weights, stream=stream)
+        return (out, weights) if return_weights else out
