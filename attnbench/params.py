@@ -182,6 +182,7 @@ def count_parameters(config: ModelConfig) -> dict:
         (``lm_head``, ``pooler``), ``total``, the attention share of the total and of
         the non-embedding parameters, and the published total with the difference.
     """
+    nan = float("nan")
     d, layers = config.d_model, config.n_layers
     attention_layer = attention_params_per_layer(config)
     token = config.vocab_size * d
@@ -208,10 +209,10 @@ def count_parameters(config: ModelConfig) -> dict:
         "lm_head": lm_head, "pooler": pooler, "total": total,
         "attention_share": groups["attention"] / total,
         "attention_share_non_embedding": groups["attention"] / (total - embedding_like),
-        "published_total": config.published_total,
-        "difference": None if config.published_total is None
+        "published_total": nan if config.published_total is None else config.published_total,
+        "difference": nan if config.published_total is None
         else total - config.published_total,
-        "difference_pct": None if config.published_total is None
+        "difference_pct": nan if config.published_total is None
         else 100.0 * (total - config.published_total) / config.published_total,
         "published_source": config.published_source,
     }
@@ -292,13 +293,13 @@ def format_table(table: pd.DataFrame) -> str:
     shown = table[[c for c in DISPLAY_COLUMNS if c in table]].copy()
 
     def count(value):
-        return "" if value is None or pd.isna(value) else f"{int(value):,}"
+        return "" if pd.isna(value) else f"{int(value):,}"
 
     formatters = {c: count for c in ("attention_per_layer", "attention", "mlp", "norms",
                                      "embeddings", "head", "total", "published_total")}
     formatters["difference_pct"] = lambda v: "" if pd.isna(v) else f"{v:+.2f}%"
     formatters["attention_share"] = lambda v: f"{100 * v:.1f}%"
-    text = shown.to_string(index=False, formatters=formatters)
+    text = shown.to_string(index=False, formatters=formatters, na_rep="")
     notes = []
     for row in table.itertuples():
         if "mha_check" in table:
@@ -355,3 +356,52 @@ def section(table: pd.DataFrame | None = None) -> Section:
                    tables=[("Parameter counts by group, with published totals", shown)],
                    figures=[("Parameters by group (share of each model's total)",
                              breakdown_figure(table))])
+
+
+#: Command-line flag -> ModelConfig field of a custom configuration.
+CUSTOM_FLAGS = {"d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
+                "kv_heads": "n_kv_heads", "d_ff": "d_ff", "vocab": "vocab_size",
+                "max_len": "max_len", "type_vocab": "type_vocab", "mlp": "mlp", "norm": "norm"}
+#: Flags a custom configuration cannot do without.
+REQUIRED_CUSTOM = ("d_model", "layers", "heads", "d_ff", "vocab")
+
+
+def command(args) -> int:
+    """``attnbench params``: print the table for named configs, all of them, or a custom one."""
+    import json
+    import sys
+
+    def fail(message):
+        print(f"attnbench params: error: {message}", file=sys.stderr)
+        return 2
+
+    given = {flag: getattr(args, flag) for flag in CUSTOM_FLAGS
+             if getattr(args, flag, None) is not None}
+    custom_switches = args.no_bias or args.untied_head
+    configs = []
+    try:
+        if args.all:
+            configs.extend(CONFIGS.values())
+        configs.extend(get_config(name) for name in args.names)
+        if given or custom_switches:
+            missing = [f"--{flag.replace('_', '-')}" for flag in REQUIRED_CUSTOM
+                       if flag not in given]
+            if missing:
+                return fail(f"a custom configuration needs {', '.join(missing)} "
+                            f"(given: {', '.join(sorted(given)) or 'none'})")
+            fields = {CUSTOM_FLAGS[flag]: value for flag, value in given.items()}
+            configs.append(custom_config(args.name, bias=not args.no_bias,
+                                         tied_head=not args.untied_head, **fields))
+    except ValueError as exc:
+        return fail(str(exc))
+    if not configs:
+        configs = list(CONFIGS.values())
+    table = parameter_table(configs)
+    if args.json:
+        records = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+        print(json.dumps(records, indent=2, default=lambda v: v.item()))
+    else:
+        print(format_table(table))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0

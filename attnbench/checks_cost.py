@@ -1,0 +1,304 @@
+"""Checks of the claims about sizes and costs: C09–C12, C18, C24, C27–C29.
+
+Parameter claims use :mod:`attnbench.params` (and real
+:class:`kernels.MultiHeadAttention` arrays where they fit); FLOP claims use
+:mod:`attnbench.flops`; timing claims time :func:`kernels.attention` (auto backend: the
+fused numba kernel) with calls interleaved in one run
+(:func:`attnbench.verdicts.interleaved_medians`).  Each timing check separates measuring
+from judging: ``judge_cNN`` is a pure function of the measured numbers, so the rule can be
+tested with injected measurements while the measurement itself varies with machine load.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kernels
+from kernels import reference
+
+from . import params
+from .flops import attention_flops
+from .timing import peak_extra_memory
+from .verdicts import (
+    CAVEAT,
+    FAILS,
+    HOLDS,
+    Result,
+    about,
+    interleaved_medians,
+    loglog_slope,
+    rounds_to,
+)
+
+
+def _randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def c09() -> Result:
+    """Rule: holds if the GPT-3 175B configuration (Brown et al. 2020: d_model 12288, 96
+    heads) gives 96 heads and per-head W_Q, W_K of shape (d_head, d_model) = (128, 12288)."""
+    gpt3 = params.get_config("gpt3-175b")
+    shape = (gpt3.d_head, gpt3.d_model)
+    ok = gpt3.n_heads == 96 and shape == (128, 12288)
+    measured = (f"GPT-3: {gpt3.n_heads} heads, d_head = {gpt3.d_model} / {gpt3.n_heads} = "
+                f"{gpt3.d_head}: per-head W_Q, W_K are {shape[0]} × {shape[1]:,} "
+                f"({shape[0] * shape[1]:,} parameters each)")
+    return Result(HOLDS if ok else FAILS, measured,
+                  values={"n_heads": gpt3.n_heads, "per_head_shape": list(shape)})
+
+
+def c10() -> Result:
+    """Rule: count per head (GPT-3 and the GQA LLaMA-2-70B): value-down (d_model × d_head,
+    i.e. W_V's share) + value-up (d_head × d_model, W_O's share) against query + key.  holds
+    if the ratio rounds to 1 (≈: within 0.5 %) for every configuration."""
+    rows = {}
+    for name in ("gpt3-175b", "llama2-70b", "bert-base"):
+        c = params.get_config(name)
+        kv_width = c.kv_heads * c.d_head
+        query_key = c.d_model * c.d_model + c.d_model * kv_width  # W_Q + W_K (layer)
+        value = c.d_model * kv_width + c.d_model * c.d_model  # W_V (down) + W_O (up)
+        rows[name] = {"query_plus_key": query_key, "value_down_plus_up": value,
+                      "ratio": value / query_key, "full_square_value": c.d_model**2}
+    gpt3 = rows["gpt3-175b"]
+    ok = all(abs(r["ratio"] - 1) <= 0.005 for r in rows.values())
+    measured = (f"GPT-3 per layer: value-down + value-up {gpt3['value_down_plus_up']:,} vs "
+                f"query + key {gpt3['query_plus_key']:,} (ratio {gpt3['ratio']:.3f}; per head "
+                f"2·128·12,288 = {2 * 128 * 12288:,} each); LLaMA-2-70B (GQA) ratio "
+                f"{rows['llama2-70b']['ratio']:.3f}, BERT-base {rows['bert-base']['ratio']:.3f}")
+    return Result(HOLDS if ok else FAILS, measured, values=rows,
+                  details="Counts W_O as the heads' value-up maps (3Blue1Brown's accounting); "
+                          "a full d_model × d_model value map per head would be "
+                          f"{gpt3['full_square_value']:,} parameters. Biases excluded.")
+
+
+def c11() -> Result:
+    """Rule: "about 1/3" matches an attention share within ±15 % of 1/3 (0.283–0.383).
+    Shares of all parameters for every named configuration: holds if all match,
+    holds-with-caveat if some do (the condition names which), does-not-hold if none."""
+    table = params.parameter_table(cross_check=False).set_index("config")
+    share = table["attention_share"]
+    matching = [name for name, value in share.items() if about(value, 1 / 3)]
+    values = {"attention_share": share.round(4).to_dict(),
+              "attention_share_non_embedding":
+                  table["attention_share_non_embedding"].round(4).to_dict()}
+    measured = "attention share of all parameters: " + ", ".join(
+        f"{name} {value:.1%}" for name, value in share.items())
+    if len(matching) == len(share):
+        return Result(HOLDS, measured, values=values)
+    if not matching:
+        return Result(FAILS, measured, values=values)
+    others = [name for name in share.index if name not in matching]
+    return Result(
+        CAVEAT, measured, values=values,
+        condition=(f"for {', '.join(matching)}; not for {', '.join(others)}: 1/3 is exact only "
+                   "for the non-embedding parameters of a multi-head model with d_ff = "
+                   "4·d_model (4d² attention vs 8d² MLP per layer); embeddings weigh in small "
+                   "models, GQA and SwiGLU MLPs shrink it (LLaMA-2-70B: "
+                   f"{table.loc['llama2-70b', 'attention_share_non_embedding']:.1%} of the "
+                   "non-embedding parameters)"),
+        details="Shares from attnbench.params (see its table for what each group counts).")
+
+
+#: Sequence lengths of the C12 timing fit; shape (B, H, L, D) = (1, 1, L, 64).
+C12_LENGTHS = (512, 1024, 2048, 4096)
+
+
+def judge_c12(time_slope: float, time_ci: float, flop_slope: float) -> tuple[str, str]:
+    """Verdict on O(n²) from the measured slopes: holds if the FLOP count's slope is 2 (to
+    1e-6) and the time's slope is within 0.25 of 2; holds-with-caveat if only the FLOPs are
+    quadratic; does-not-hold if the FLOPs are not.  Returns (verdict, condition)."""
+    if abs(flop_slope - 2) > 1e-6:
+        return FAILS, ""
+    if abs(time_slope - 2) <= 0.25:
+        return HOLDS, ""
+    return CAVEAT, (f"in FLOPs (exact slope 2); the measured time grew as L^{time_slope:.2f} "
+                    f"± {time_ci:.2f} over these L on this machine")
+
+
+def c12() -> Result:
+    """Rule: :func:`judge_c12` on the log-log slopes of time (kernels.attention, interleaved
+    medians) and exact FLOPs against L over :data:`C12_LENGTHS`.  Memory is measured
+    alongside (tracemalloc peak; reference vs the fused kernel) and reported in the details."""
+    rng = np.random.default_rng(30)
+    inputs = {L: [_randn(rng, 1, 1, L, 64) for _ in range(3)] for L in C12_LENGTHS}
+    times = interleaved_medians(
+        {L: (lambda qkv=qkv: kernels.attention(*qkv)) for L, qkv in inputs.items()},
+        rounds=2, max_time=0.05)
+    medians = [times[L]["median"] for L in C12_LENGTHS]
+    time_slope, time_ci = loglog_slope(C12_LENGTHS, medians)
+    flops = [attention_flops(1, 1, L, L, 64) for L in C12_LENGTHS]
+    flop_slope, _ = loglog_slope(C12_LENGTHS, flops)
+    memory = {}
+    for backend in ("reference", "numba"):
+        sizes = (128, 256, 512)
+        peaks = []
+        for L in sizes:
+            q = _randn(rng, 1, 1, L, 64)
+            peaks.append(peak_extra_memory(lambda q=q, b=backend: kernels.attention(q, q, q,
+                                                                                    backend=b)))
+        memory[backend] = loglog_slope(sizes, peaks)[0]
+    verdict, condition = judge_c12(time_slope, time_ci, flop_slope)
+    values = {"lengths": list(C12_LENGTHS), "median_seconds": medians, "time_slope": time_slope,
+              "time_slope_ci": time_ci, "flop_slope": flop_slope,
+              "memory_slope_reference": memory["reference"],
+              "memory_slope_numba": memory["numba"]}
+    measured = (f"time ∝ L^{time_slope:.2f} ± {time_ci:.2f} (95 %; L = "
+                f"{', '.join(map(str, C12_LENGTHS))}, 1 head, d 64: "
+                f"{', '.join(f'{m * 1e3:.1f}' for m in medians)} ms); FLOPs ∝ L^{flop_slope:.2f};"
+                f" peak memory ∝ L^{memory['reference']:.2f} (reference) vs "
+                f"L^{memory['numba']:.2f} (fused numba)")
+    return Result(verdict, measured, condition=condition, values=values,
+                  details="Compute is O(L²); memory is O(L²) only when the L×L scores are "
+                          "materialised: the fused kernel (online softmax) needs O(L).")
+
+
+def judge_c18(is_view: bool, copy_share: float) -> tuple[str, str]:
+    """Verdict on "the concat costs nothing": holds if merging the heads is a view (no copy);
+    holds-with-caveat if it copies but takes under 5 % of the attention call it follows;
+    does-not-hold otherwise.  Returns (verdict, condition)."""
+    if is_view:
+        return HOLDS, ""
+    if copy_share < 0.05:
+        return CAVEAT, (f"no arithmetic, but not free: a transpose + reshape copies the "
+                        f"B·L·d_model outputs, {copy_share:.1%} of the attention call's time "
+                        "here")
+    return FAILS, ""
+
+
+def c18() -> Result:
+    """Rule: :func:`judge_c18` on whether kernels.reference.merge_heads returns a view of the
+    batched result (np.shares_memory) and on its time relative to the attention call that
+    produced it (BERT-base shape: 12 heads, L = 512, d_head = 64; interleaved medians)."""
+    rng = np.random.default_rng(31)
+    q = _randn(rng, 1, 12, 512, 64)
+    heads = kernels.attention(q, q, q)  # (1, 12, 512, 64)
+    merged = reference.merge_heads(heads)  # (1, 512, 768)
+    is_view = bool(np.shares_memory(merged, heads))
+    split_view = bool(np.shares_memory(reference.split_heads(merged, 12), merged))
+    times = interleaved_medians({"merge": lambda: reference.merge_heads(heads),
+                                 "attention": lambda: kernels.attention(q, q, q)},
+                                rounds=2, max_time=0.1)
+    share = times["merge"]["median"] / times["attention"]["median"]
+    verdict, condition = judge_c18(is_view, share)
+    values = {"merge_is_view": is_view, "split_is_view": split_view,
+              "merge_seconds": times["merge"]["median"],
+              "attention_seconds": times["attention"]["median"], "share": share}
+    measured = (f"merge_heads (1, 12, 512, 64) → {merged.shape}: view of the heads: {is_view} "
+                f"(a copy); {times['merge']['median'] * 1e6:.0f} µs vs "
+                f"{times['attention']['median'] * 1e3:.1f} ms for the attention "
+                f"({share:.1%}); split_heads is a view: {split_view}")
+    return Result(verdict, measured, condition=condition, values=values,
+                  details="The copy is O(L·d_model) memory traffic, no FLOPs; PyTorch's "
+                          ".transpose().contiguous().view() copies the same way.")
+
+
+def c24() -> Result:
+    """Rule: holds if 768 / 12 == 64, √64 == 8, and kernels.attention's default scale for
+    D = 64 equals scale = 1/8 exactly (same output bits)."""
+    d_head = 768 // 12
+    rng = np.random.default_rng(32)
+    q = _randn(rng, 1, 12, 16, d_head)
+    same = bool(np.array_equal(kernels.attention(q, q, q), kernels.attention(q, q, q,
+                                                                            scale=1 / 8)))
+    ok = 768 % 12 == 0 and d_head == 64 and np.sqrt(d_head) == 8 and same
+    return Result(HOLDS if ok else FAILS,
+                  f"768 / 12 = {768 / 12:g}, √64 = {np.sqrt(64):g}; default scale of "
+                  f"kernels.attention at D = 64 is 1/8: {same}",
+                  values={"d_head": d_head, "default_scale_is_one_eighth": same})
+
+
+def judge_c27(flops_equal: bool, exp_ratio: float, time_ratio: float) -> tuple[str, str]:
+    """Verdict on "12 heads of 64 cost the same as one head of 768": does-not-hold if the
+    matmul FLOPs differ; otherwise holds-with-caveat, since the softmax work (exp count) and
+    the score matrix are H times larger (``exp_ratio``), with the measured time ratio
+    (12×64 / 1×768) in the condition.  Returns (verdict, condition)."""
+    if not flops_equal:
+        return FAILS, ""
+    return CAVEAT, (f"in matmul FLOPs (equal); the softmax work and L×L scores are "
+                    f"{exp_ratio:.0f}× larger with 12 heads, and the measured time was "
+                    f"{time_ratio:.2f}× that of one 768-wide head")
+
+
+def c27() -> Result:
+    """Rule: :func:`judge_c27` on the FLOP counts (attnbench.flops), the exp counts (H·L²)
+    and the time of kernels.attention for (12 heads, d 64) vs (1 head, d 768) at L = 512
+    (interleaved medians)."""
+    L = 512
+    flops12, flops1 = attention_flops(1, 12, L, L, 64), attention_flops(1, 1, L, L, 768)
+    rng = np.random.default_rng(33)
+    q12, q1 = _randn(rng, 1, 12, L, 64), _randn(rng, 1, 1, L, 768)
+    times = interleaved_medians({"12x64": lambda: kernels.attention(q12, q12, q12),
+                                 "1x768": lambda: kernels.attention(q1, q1, q1)},
+                                rounds=2, max_time=0.1)
+    ratio = times["12x64"]["median"] / times["1x768"]["median"]
+    exp_ratio = (12 * L * L) / (1 * L * L)
+    verdict, condition = judge_c27(flops12 == flops1, exp_ratio, ratio)
+    values = {"flops_12x64": flops12, "flops_1x768": flops1, "exp_ratio": exp_ratio,
+              "time_ratio": ratio, "seconds_12x64": times["12x64"]["median"],
+              "seconds_1x768": times["1x768"]["median"]}
+    measured = (f"L = {L}: FLOPs {flops12:,} vs {flops1:,}; exps {12 * L * L:,} vs {L * L:,}; "
+                f"time {times['12x64']['median'] * 1e3:.1f} ms vs "
+                f"{times['1x768']['median'] * 1e3:.1f} ms (ratio {ratio:.2f})")
+    return Result(verdict, measured, condition=condition, values=values,
+                  details="Projections (4·d_model² per token) are the same either way.")
+
+
+def c28() -> Result:
+    """Rule: the quoted numbers must equal the formula and the real
+    kernels.MultiHeadAttention(768, 12) arrays: 2,359,296 without bias, 2,362,368 with, and
+    12 layers rounding to 28.3M (to 0.1M).  holds if all three match."""
+    no_bias = kernels.MultiHeadAttention(768, 12, bias=False).num_parameters()
+    with_bias = kernels.MultiHeadAttention(768, 12).num_parameters()
+    formula = params.attention_params_per_layer(params.get_config("bert-base"))
+    twelve = 12 * with_bias
+    ok = (no_bias == 2_359_296 and with_bias == 2_362_368 == formula
+          and rounds_to(twelve / 1e6, 28.3, 0.1))
+    measured = (f"kernels.MultiHeadAttention(768, 12): {no_bias:,} without bias, {with_bias:,} "
+                f"with (formula {formula:,}); × 12 layers = {twelve:,} ≈ {twelve / 1e6:.1f}M")
+    return Result(HOLDS if ok else FAILS, measured,
+                  values={"no_bias": no_bias, "with_bias": with_bias, "twelve_layers": twelve})
+
+
+def judge_c29(time_ratio: float, flop_ratio: float, layer_flop_ratio: float) -> tuple[str, str]:
+    """Verdict on "512 → 192 makes attention about 7× faster": the FLOP ratio must round to
+    7 (6.5–7.5) and the measured time ratio be "about 7" (±15 %: 5.95–8.05); then
+    holds-with-caveat, since the whole encoder layer (projections and MLP, linear in L)
+    speeds up only by ``layer_flop_ratio``.  does-not-hold if either fails.  Returns
+    (verdict, condition)."""
+    if not rounds_to(flop_ratio, 7, 1) or not about(time_ratio, 7):
+        return FAILS, ""
+    return CAVEAT, (f"for the attention alone (measured {time_ratio:.1f}×); a whole BERT-base "
+                    f"layer, whose projections and MLP are linear in L, does "
+                    f"{layer_flop_ratio:.1f}× fewer FLOPs")
+
+
+def bert_layer_flops(L: int, d: int = 768, d_ff: int = 3072) -> int:
+    """FLOPs of one BERT encoder layer: Q, K, V, O projections, the MLP and attention."""
+    return 2 * L * (4 * d * d + 2 * d * d_ff) + attention_flops(1, 12, L, L, d // 12)
+
+
+def c29() -> Result:
+    """Rule: :func:`judge_c29` on the median time of kernels.attention at the BERT-base shape
+    (12 heads, d_head 64) for L = 512 and L = 192 (interleaved), the FLOP ratio
+    (512/192)² and the whole layer's FLOP ratio."""
+    rng = np.random.default_rng(34)
+    q512, q192 = _randn(rng, 1, 12, 512, 64), _randn(rng, 1, 12, 192, 64)
+    times = interleaved_medians({512: lambda: kernels.attention(q512, q512, q512),
+                                 192: lambda: kernels.attention(q192, q192, q192)},
+                                rounds=3, max_time=0.1)
+    time_ratio = times[512]["median"] / times[192]["median"]
+    flop_ratio = attention_flops(1, 12, 512, 512, 64) / attention_flops(1, 12, 192, 192, 64)
+    layer_ratio = bert_layer_flops(512) / bert_layer_flops(192)
+    verdict, condition = judge_c29(time_ratio, flop_ratio, layer_ratio)
+    values = {"time_ratio": time_ratio, "flop_ratio": flop_ratio,
+              "layer_flop_ratio": layer_ratio, "seconds_512": times[512]["median"],
+              "seconds_192": times[192]["median"], "iqr_512": times[512]["iqr"],
+              "iqr_192": times[192]["iqr"]}
+    measured = (f"kernels.attention (1, 12, L, 64): {times[512]['median'] * 1e3:.1f} ms at 512 "
+                f"vs {times[192]['median'] * 1e3:.1f} ms at 192, ratio {time_ratio:.2f}; FLOP "
+                f"ratio (512/192)² = {flop_ratio:.2f}; whole BERT-base layer FLOP ratio "
+                f"{layer_ratio:.2f}")
+    return Result(verdict, measured, condition=condition, values=values,
+                  details="Timing ratio from interleaved medians in this run; it varies with "
+                          "machine load and thread scheduling.")
