@@ -124,8 +124,83 @@ def _run(args) -> int:
     return 0 if failed.empty else 1
 
 
-#: Subcommands: name -> function adding its parser.  Later: sweep, report, verify, params, bench.
-COMMANDS = {"run": _add_run}
+def _add_verify(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "verify", help="check every claim of the source articles: the claims ledger",
+        description=(
+            "Run the claims ledger: each claim C01-C31 of the source articles is measured "
+            "or computed and gets a verdict decided from the numbers (holds, "
+            "holds-with-caveat with its condition, or does-not-hold). Prints one block per "
+            "claim with the measured values, or a JSON list with --json. A few seconds on 2 "
+            "cores; the timing claims (C12, C27, C29) depend on machine load. Exit status: "
+            "0 if every check ran (whatever the verdicts), 1 if a check raised, 2 for an "
+            "unknown claim id."),
+    )
+    parser.add_argument("--only", nargs="+", metavar="ID",
+                        help="check only these claims, e.g. --only C03 C23 (default: all)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON list of objects (id, claim, source, verdict, "
+                             "measured, condition, details, seconds, values)")
+    parser.add_argument("--details", action="store_true",
+                        help="also print how each claim was measured")
+    parser.set_defaults(handler=_verify)
+
+
+def _verify(args) -> int:
+    from .claims import command
+
+    return command(args)
+
+
+def _add_params(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "params", help="parameter counts of named or custom Transformer configurations",
+        description=(
+            "Count parameters from formulas, by group: attention (W_Q, W_K, W_V, W_O and "
+            "biases), MLP, norms, embeddings (token + position + token type) and head "
+            "(untied LM head, BERT pooler), with each model's published total and the "
+            "difference, and the attention count checked against a real "
+            "kernels.MultiHeadAttention where it fits in memory. Named configurations: "
+            "bert-base, bert-large, gpt2-small, gpt3-175b, llama2-70b, tinyllama-1.1b. A "
+            "custom configuration takes --d-model, --layers, --heads, --d-ff and --vocab "
+            "(and optionally the others); it follows GPT-2's layout (biases, LayerNorm, "
+            "GELU MLP, learned positions, tied head) unless told otherwise. With no "
+            "argument, every named configuration. Exit status: 0, or 2 for a bad "
+            "configuration."),
+    )
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help="named configurations, e.g. bert-base gpt3-175b")
+    parser.add_argument("--all", action="store_true", help="every named configuration")
+    custom = parser.add_argument_group("custom configuration")
+    for flag, help_text in (("--d-model", "model width"), ("--layers", "Transformer blocks"),
+                            ("--heads", "query heads"),
+                            ("--kv-heads", "key/value heads (GQA; default: --heads)"),
+                            ("--d-ff", "MLP hidden width"), ("--vocab", "vocabulary size"),
+                            ("--max-len", "learned positions (0: none, e.g. RoPE; default 0)"),
+                            ("--type-vocab", "token-type embeddings (BERT: 2; default 0)")):
+        custom.add_argument(flag, type=int, metavar="N", help=help_text)
+    custom.add_argument("--mlp", choices=("gelu", "swiglu"),
+                        help="gelu: 2 matrices with biases (default); swiglu: 3 matrices")
+    custom.add_argument("--norm", choices=("layernorm", "rmsnorm"),
+                        help="layernorm: weight + bias (default); rmsnorm: weight only")
+    custom.add_argument("--no-bias", action="store_true",
+                        help="no biases on the attention and MLP projections")
+    custom.add_argument("--untied-head", action="store_true",
+                        help="an LM head of its own (vocab x d_model)")
+    custom.add_argument("--name", default="custom", help="row label (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    parser.add_argument("--csv", metavar="FILE", type=Path, help="also write the table here")
+    parser.set_defaults(handler=_params)
+
+
+def _params(args) -> int:
+    from .params import command
+
+    return command(args)
+
+
+#: Subcommands: name -> function adding its parser.  Later: sweep, report, bench.
+COMMANDS = {"run": _add_run, "verify": _add_verify, "params": _add_params}
 
 
 def build_parser() -> argparse.ArgumentParser:
