@@ -21,9 +21,10 @@ How a stated number is compared (the rules the checks share, in :mod:`attnbench.
   quoted digit).
 - "about X" for a ratio or a share matches within ±15 %.
 - Timing ratios come from calls interleaved in the same run: medians of several samples
-  per function.  They vary with machine load, so their verdicts are the only ones in the
-  ledger that can differ between runs; each such check keeps its judging rule in a
-  separate pure function, tested with injected numbers.
+  per function, as single-thread CPU time for the claims about cost.  They still vary
+  between runs and machines, so their verdicts are the only ones in the ledger that can
+  differ; each such check keeps its judging rule in a separate pure function, tested with
+  injected numbers.
 
 :func:`verify_claims` runs the checks (all of them in a few seconds on 2 cores) and
 returns the ledger as a DataFrame; :func:`section` turns it into the report's section.
@@ -297,8 +298,10 @@ def section(ledger: pd.DataFrame | None = None) -> Section:
         "measurement agrees under the check's rule; holds-with-caveat: only under the "
         "stated condition; does-not-hold: the measurement contradicts the claim. Numbers "
         "quoted by a source match when the measured value rounds to them; \"about X\" "
-        f"matches within ±{ABOUT_RELATIVE:.0%}. Timing verdicts (C12, C27, C29) come from "
-        "calls interleaved in this run and can change with machine load.\n\n"
+        f"matches within ±{ABOUT_RELATIVE:.0%}. Cost verdicts (C12, C18, C27, C29) come "
+        "from calls interleaved in this run, timed as single-thread CPU time so that other "
+        "processes on the machine do not distort them; they can still vary between runs "
+        "and machines.\n\n"
         + summary_counts(ledger) + "."
     )
     return Section(title="Claims ledger", text=text, anchor="claims",

@@ -9,20 +9,21 @@ Shared by the claims ledger (:mod:`attnbench.claims`) and its check modules
   unit of the last quoted digit).
 - "about X" for a ratio or a share matches within ±:data:`ABOUT_RELATIVE` (15 %):
   :func:`about`.
-- Timing ratios come from calls interleaved in the same run (:func:`interleaved_medians`).
+- Timing ratios come from calls interleaved in the same run (:func:`interleaved_medians`);
+  claims about cost use single-threaded CPU time, which other processes on a shared
+  machine do not distort.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = [
     "ABOUT_RELATIVE", "CAVEAT", "ERROR", "FAILS", "HOLDS", "VERDICTS", "Result", "about",
-    "interleaved_medians", "loglog_slope", "rounds_to",
+    "interleaved_medians", "load_average", "loglog_slope", "rounds_to",
 ]
 
 HOLDS = "holds"
@@ -63,31 +64,68 @@ class Result:
             raise ValueError("a holds-with-caveat verdict needs its condition")
 
 
-def interleaved_medians(functions: dict[str, Callable[[], object]], *, rounds: int = 5,
-                        max_time: float = 0.05) -> dict[str, dict]:
+def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0.05,
+                        cpu: bool = False) -> dict[str, dict]:
     """Time several functions in alternation, so that load changes hit them all alike.
 
     Each function is warmed up (compilation excluded), then ``rounds`` times in turn timed
     with :func:`attnbench.timing.measure` (at least 3 samples, ``max_time`` each).
+
+    Parameters
+    ----------
+    functions : dict
+        name -> callable without arguments.
+    rounds, max_time
+        See above.
+    cpu : bool, default False
+        Measure the *cost* instead of the wall-clock time: Numba runs on one thread
+        (:func:`numba.set_num_threads`, restored afterwards) and the clock is the process's
+        CPU time (:func:`time.process_time`).  Time the process spends descheduled while
+        other processes use the cores does not count, so the ratios stay put on a busy,
+        shared machine (wall-clock ratios there swing by 2-3x: a parallel launch waits for
+        a thread that another process holds).
 
     Returns
     -------
     dict
         name -> {"median": s, "iqr": s, "samples": n}, over all samples of that function.
     """
+    import time
+
     from .timing import measure
 
-    for fn in functions.values():
-        fn()
-    samples = {name: [] for name in functions}
-    for _ in range(rounds):
-        for name, fn in functions.items():
-            samples[name].extend(measure(fn, warmup=0, repeat=3, max_time=max_time).samples)
+    clock = time.process_time if cpu else time.perf_counter
+    previous = None
+    if cpu:
+        import numba
+
+        previous = numba.get_num_threads()
+        numba.set_num_threads(1)
+    try:
+        for fn in functions.values():
+            fn()
+        samples = {name: [] for name in functions}
+        for _ in range(rounds):
+            for name, fn in functions.items():
+                samples[name].extend(measure(fn, warmup=0, repeat=3, max_time=max_time,
+                                             clock=clock).samples)
+    finally:
+        if previous is not None:
+            import numba
+
+            numba.set_num_threads(previous)
     out = {}
     for name, values in samples.items():
         q25, median, q75 = np.percentile(values, [25, 50, 75])
         out[name] = {"median": float(median), "iqr": float(q75 - q25), "samples": len(values)}
     return out
+
+
+def load_average() -> float:
+    """The 1-minute load average (nan where the OS has none), recorded beside timings."""
+    import os
+
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def loglog_slope(x, y) -> tuple[float, float]:

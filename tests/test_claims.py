@@ -238,3 +238,15 @@ def test_json_and_text(ledger):
     assert len(records) == 31 and {"id", "verdict", "measured"} <= set(records[0])
     text = claims.format_ledger(ledger.reset_index(drop=True))
     assert "C23  DOES-NOT-HOLD" in text and "31 claims:" in text
+
+
+def test_cpu_timing_restores_the_thread_count():
+    import numba
+
+    from attnbench.verdicts import interleaved_medians
+
+    before = numba.get_num_threads()
+    times = interleaved_medians({"sum": lambda: sum(range(1000))}, rounds=1, max_time=0.001,
+                                cpu=True)
+    assert numba.get_num_threads() == before
+    assert times["sum"]["median"] > 0 and times["sum"]["samples"] >= 3
