@@ -287,7 +287,7 @@ def c20() -> Result:
         return Result(CAVEAT, measured, values=values,
                       condition="for rows with at least one visible key, to rounding; a row "
                                 f"whose keys are all masked sums to {empty_sum:g} in kernels "
-                                "(PyTorch's SDPA gives NaN)")
+                                "(by convention; a plain softmax gives NaN there, see C31)")
     return Result(HOLDS, measured, values=values)
 
 

@@ -69,7 +69,7 @@ def c01() -> Result:
     return Result(
         CAVEAT, measured,
         condition=(f"in exact arithmetic; in floating point weights reach exactly 0 (logit "
-                   f"≥ {gap32:.1f} below the max in float32, {gap64:.0f} in float64) and "
+                   f"≥ {gap32:.2f} below the max in float32, {gap64:.2f} in float64) and "
                    f"exactly 1, and sums equal 1 only to rounding ({ulps32:.0f} ulp)"),
         details="kernels.softmax (max-subtracted); gaps found by bisection on softmax([0, −g]).",
         values=values)
