@@ -2,7 +2,7 @@
 
 One subcommand per task, each a ``_add_<name>`` function that declares its arguments
 and a ``_<name>`` function that runs it and returns the exit code; :data:`COMMANDS`
-lists them.  So far there is ``run``: every backend against the reference.
+lists them: ``run`` (the main job), ``sweep`` and ``report``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def _format_table(table: pd.DataFrame) -> str:
 def _add_run(subparsers) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="check every backend against the reference on a grid of shapes and masks",
+        help="the main job: agreement check, quick sweep, scaling fits, studies, HTML report",
         description=(
-            "Run every available backend (the cuda backend only on a real GPU, unless named "
+            "First, run every available backend (the cuda backend only on a real GPU, unless named "
             "with --backends) on a grid of shapes (odd L and D, Lq != Lk, Dv != D, GQA) "
             "and mask kinds (none, causal, bottom-right, bool mask, key_lengths, dropout) "
             "in float32 and float64. Each row gives the max abs error against the oracle "
@@ -58,16 +58,25 @@ def _add_run(subparsers) -> None:
             "through kernels.attention, and its GFLOP/s next to the measured GEMM peak. "
             "Prints the table and the machine, writes OUT/agreement.csv (one row per "
             "case, dtype and backend, with the machine columns) and OUT/machine.json. "
-            "Exit status: 0 if every backend agrees everywhere, 1 otherwise."
+            "Then sweep the 'quick' grid (L 256-2048 for numba, reference and the numpy and "
+            "torch peers; d_k, heads and batch for numba; about a minute on 2 cores) into "
+            "OUT/sweep.csv, sweep.parquet and sweep.json, fit the scaling exponents "
+            "(OUT/scaling.csv), compute the attention heat maps and the studies of "
+            "attnbench.stability, attnbench.params and attnbench.claims where installed "
+            "(OUT/sections/), and render OUT/report.html from those files. "
+            "Exit status: 0 if every backend agrees everywhere and every sweep point "
+            "ran (or was skipped for a stated reason) within the tolerance and every study "
+            "ran, 1 otherwise, 130 if interrupted during the sweep (finished points kept)."
         ),
     )
     parser.add_argument("--out", metavar="DIR", default="reports", type=Path,
-                        help="folder for agreement.csv and machine.json, created if "
-                             "missing (default: %(default)s)")
+                        help="folder for everything the run writes, created if missing "
+                             "(default: %(default)s)")
     parser.add_argument("--grid", choices=("default", "tiny"), default="default",
-                        help="'default': 5 shapes x 6 mask kinds x 2 dtypes (about 10 s "
-                             "on 2 cores); 'tiny': one small shape, a smoke test of a few "
-                             "seconds (default: %(default)s)")
+                        help="'default': agreement on 5 shapes x 6 mask kinds x 2 dtypes "
+                             "(about 10 s on 2 cores) and the 'quick' sweep; 'tiny': one "
+                             "small shape and the 'tiny' sweep, a smoke test (default: "
+                             "%(default)s)")
     parser.add_argument("--backends", nargs="+", metavar="NAME",
                         choices=("reference", "numba", "cuda"),
                         help="backends to run, from reference, numba, cuda (default: all "
@@ -76,6 +85,8 @@ def _add_run(subparsers) -> None:
     parser.add_argument("--max-time", metavar="SECONDS", type=float, default=0.05,
                         help="timing budget per case, dtype and backend; at least 3 calls "
                              "are timed anyway (default: %(default)s)")
+    parser.add_argument("--sweep-max-time", metavar="SECONDS", type=float, default=0.1,
+                        help="timing budget per sweep point (default: %(default)s)")
     parser.set_defaults(handler=_run)
 
 
@@ -121,7 +132,115 @@ def _run(args) -> int:
          "run_seconds": elapsed}, indent=2) + "\n")
     print(f"\n{len(table) - len(failed)}/{len(table)} rows agree with the reference. "
           f"Wrote {csv_path} and {machine_path} in {elapsed:.1f} s.")
-    return 0 if failed.empty else 1
+    from .job import run_job
+
+    return run_job(args, agreement_status=0 if failed.empty else 1, gemm_peaks=peaks,
+                   started=start, sweep_max_time=args.sweep_max_time)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_sweep(subparsers) -> None:
+    from .grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
+    from .sweep import ORACLE_LIMIT
+
+    parser = subparsers.add_parser(
+        "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks",
+        description=(
+            "Measure every point of a grid: median time and IQR, GFLOP/s (visible pairs) "
+            "and % of the GEMM peak measured in the same run, peak extra memory of a call, "
+            "max error against the oracle; then fit the scaling exponents. The grid comes "
+            "from the flags (each takes one or more values; unset ones take the default "
+            "shown), from --config FILE (TOML, or YAML with pyyaml: parameters at the top "
+            "level, or several [[grid]] tables whose union is swept), or from --grid NAME. "
+            "Backends: numba, reference, cuda (real GPU only), and the peers numpy (plain "
+            "formula) and torch (PyTorch SDPA on the CPU); one that cannot run here, or a "
+            "point that would need more memory than the budget, is recorded as skipped "
+            "with the reason. Writes OUT/sweep.csv, sweep.parquet (if pyarrow or "
+            "fastparquet is installed), sweep.json and scaling.csv; 'attnbench report OUT' "
+            "renders them. Exit status: 0 if every point ran or was skipped and agrees with "
+            "the oracle, 1 if one failed or is outside the tolerance, 2 for a bad grid, "
+            "130 on Ctrl-C (the finished points are written)."),
+    )
+    grid = parser.add_argument_group("grid (flags)")
+    for flag, dest, kwargs in (
+        ("--L", "L", {"type": _positive_int, "metavar": "N", "help": "sequence lengths"}),
+        ("--dk", "dk", {"type": _positive_int, "metavar": "N", "help": "head sizes d_k"}),
+        ("--heads", "heads", {"type": _positive_int, "metavar": "N", "help": "query heads"}),
+        ("--kv-heads", "kv_heads", {"type": _positive_int, "metavar": "N",
+                                    "help": "key/value heads, for GQA"}),
+        ("--batch", "batch", {"type": _positive_int, "metavar": "N", "help": "batch sizes"}),
+        ("--mask", "mask", {"choices": MASK_KINDS, "metavar": "KIND",
+                            "help": f"mask kinds, from {', '.join(MASK_KINDS)}"}),
+        ("--dtype", "dtype", {"choices": DTYPES, "metavar": "DTYPE",
+                              "help": f"dtypes, from {', '.join(DTYPES)}"}),
+        ("--backend", "backend", {"choices": BACKENDS, "metavar": "NAME",
+                                  "help": f"backends, from {', '.join(BACKENDS)}"}),
+    ):
+        default = DEFAULTS["d_k" if dest == "dk" else dest]
+        shown = "= heads" if default == (None,) else " ".join(map(str, default))
+        kwargs["help"] += f" (default: {shown})"
+        grid.add_argument(flag, dest=dest, nargs="+", **kwargs)
+    parser.add_argument("--config", metavar="FILE", type=Path,
+                        help="read the grid from a TOML (or YAML) file instead of the flags")
+    parser.add_argument("--grid", choices=sorted(GRIDS),
+                        help="a named grid instead of the flags: 'quick' is what "
+                             "'attnbench run' sweeps, 'tiny' a smoke test")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("reports"),
+                        help="folder for the results, created if missing (default: "
+                             "%(default)s)")
+    parser.add_argument("--max-time", metavar="SECONDS", type=float, default=0.2,
+                        help="timing budget per point; at least 3 batches are timed "
+                             "(default: %(default)s)")
+    parser.add_argument("--oracle-limit", metavar="N", type=_positive_int,
+                        default=ORACLE_LIMIT,
+                        help="largest problem (score entries B*H*L^2) whose error against "
+                             "the oracle is computed; a quarter of it for float64 "
+                             "(default: %(default)s)")
+    parser.add_argument("--memory-budget", metavar="GB", type=float,
+                        help="skip points whose L x L arrays would need more (default: half "
+                             "of the available memory)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr")
+    parser.set_defaults(handler=_sweep)
+
+
+def _sweep(args) -> int:
+    from .job import sweep_command
+
+    return sweep_command(args)
+
+
+def _add_report(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "report", help="rebuild the HTML report from saved results, without re-running",
+        description=(
+            "Render FOLDER/report.html from the files 'attnbench run' or 'attnbench sweep' "
+            "wrote there: agreement.csv, sweep.parquet or sweep.csv (the scaling fits are "
+            "recomputed from its rows), sections/ (heat maps and studies as they were "
+            "computed) and machine.json. Nothing is measured again. Exit status: 0, or 2 "
+            "if FOLDER holds no results."),
+    )
+    parser.add_argument("folder", metavar="FOLDER", type=Path, nargs="?",
+                        default=Path("reports"),
+                        help="the results folder (default: %(default)s)")
+    parser.add_argument("--html", metavar="FILE", type=Path,
+                        help="where to write the page (default: FOLDER/report.html)")
+    parser.set_defaults(handler=_report)
+
+
+def _report(args) -> int:
+    from .report import command
+
+    return command(args)
 
 
 def _add_verify(subparsers) -> None:
@@ -199,8 +318,9 @@ def _params(args) -> int:
     return command(args)
 
 
-#: Subcommands: name -> function adding its parser.  Later: sweep, report, bench.
-COMMANDS = {"run": _add_run, "verify": _add_verify, "params": _add_params}
+#: Subcommands: name -> function adding its parser.  Later: bench.
+COMMANDS = {"run": _add_run, "sweep": _add_sweep, "report": _add_report,
+            "verify": _add_verify, "params": _add_params}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,236 @@
+"""Sweep grids: which attention problems a sweep measures, from flags, a file or a name.
+
+A :class:`Grid` is a cartesian product of values for each parameter of a point
+(sequence length ``L``, head size ``d_k``, ``heads``, ``kv_heads``, ``batch``, mask kind,
+dtype and backend).  A sweep runs the union of one or more grids, so a file can ask
+for "L from 128 to 4096 for every backend" and "d_k from 16 to 256 for numba only"
+without the full product of both.
+
+Grid files are TOML (read with :mod:`tomllib`) or, if pyyaml is installed, YAML.  Either
+the top level holds the parameters (one grid), or a list ``grid`` holds several::
+
+    # grid.toml
+    [[grid]]                      # time and memory against L
+    L = [128, 256, 512, 1024]
+    d_k = 64
+    heads = 4
+    mask = ["none", "causal"]
+    backend = ["numba", "reference", "numpy", "torch"]
+
+    [[grid]]                      # time against d_k
+    L = 512
+    d_k = [16, 32, 64, 128]
+    backend = "numba"
+
+A parameter left out takes its default (:data:`DEFAULTS`); a scalar means a list of one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+__all__ = ["BACKENDS", "DEFAULTS", "DTYPES", "GRIDS", "MASK_KINDS", "Grid", "Point",
+           "expand", "grid_from_mapping", "load_grid_file"]
+
+#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.peers`).
+BACKENDS = ("numba", "reference", "cuda", "numpy", "torch")
+
+#: Mask kinds of a sweep point (all self-attention, Lq = Lk = L).
+MASK_KINDS = (
+    "none",  # full attention
+    "causal",  # causal=True: query i sees keys j <= i
+    "padding",  # key_lengths = L - L // 4 in every batch: the last quarter of the keys is padding
+    "bool",  # a random (B, 1, L, L) bool mask with 70% of the pairs visible
+)
+
+DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One measurement of a sweep: an attention problem and the backend that solves it."""
+
+    backend: str  # one of BACKENDS
+    L: int  # sequence length (queries = keys = L)
+    d_k: int  # head size of q, k and v
+    heads: int  # query heads
+    kv_heads: int  # key/value heads; heads must be a multiple (GQA/MQA)
+    batch: int
+    mask: str  # one of MASK_KINDS
+    dtype: str  # "float32" or "float64"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def problem_key(self) -> tuple:
+        """The problem without the backend: points with the same key get the same inputs."""
+        return (self.L, self.d_k, self.heads, self.kv_heads, self.batch, self.mask, self.dtype)
+
+    def label(self) -> str:
+        gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return (f"{self.backend} L={self.L} d_k={self.d_k} H={self.heads}{gqa} "
+                f"B={self.batch} {self.mask} {self.dtype}")
+
+
+#: Value of each grid parameter when a grid does not give it.  kv_heads None: = heads.
+DEFAULTS = {
+    "L": (128, 256, 512), "d_k": (64,), "heads": (4,), "kv_heads": (None,), "batch": (1,),
+    "mask": ("none",), "dtype": ("float32",), "backend": ("numba", "reference"),
+}
+#: Other spellings accepted in files (the CLI's flag names).
+ALIASES = {"dk": "d_k", "kv-heads": "kv_heads", "n_kv_heads": "kv_heads", "backends": "backend",
+           "masks": "mask", "dtypes": "dtype", "n_heads": "heads"}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A cartesian product of point parameters; see :data:`DEFAULTS` for each default."""
+
+    L: tuple = DEFAULTS["L"]  # sequence lengths
+    d_k: tuple = DEFAULTS["d_k"]  # head sizes
+    heads: tuple = DEFAULTS["heads"]  # query heads
+    kv_heads: tuple = DEFAULTS["kv_heads"]  # key/value heads; None: as many as query heads
+    batch: tuple = DEFAULTS["batch"]
+    mask: tuple = DEFAULTS["mask"]  # from MASK_KINDS
+    dtype: tuple = DEFAULTS["dtype"]  # from DTYPES
+    backend: tuple = DEFAULTS["backend"]  # from BACKENDS
+
+    def __post_init__(self):
+        for name in ("L", "d_k", "heads", "batch"):
+            _check_ints(name, getattr(self, name), allow_none=False)
+        _check_ints("kv_heads", self.kv_heads, allow_none=True)
+        for name, allowed in (("mask", MASK_KINDS), ("dtype", DTYPES), ("backend", BACKENDS)):
+            for value in getattr(self, name):
+                if value not in allowed:
+                    raise ValueError(f"{name} {value!r} is unknown; expected one of "
+                                     f"{', '.join(allowed)}")
+
+    def points(self) -> list[Point]:
+        """Every point of the product, kv_heads None replaced by heads."""
+        points = []
+        for backend, L, d_k, heads, kv_heads, batch, mask, dtype in itertools.product(
+                self.backend, self.L, self.d_k, self.heads, self.kv_heads, self.batch,
+                self.mask, self.dtype):
+            points.append(Point(backend=backend, L=L, d_k=d_k, heads=heads,
+                                kv_heads=heads if kv_heads is None else kv_heads,
+                                batch=batch, mask=mask, dtype=dtype))
+        return points
+
+
+def _check_ints(name: str, values: tuple, *, allow_none: bool) -> None:
+    if not values:
+        raise ValueError(f"{name} has no values; expected at least one")
+    for value in values:
+        if value is None and allow_none:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must hold positive integers; got {value!r}")
+
+
+def grid_from_mapping(mapping: dict, *, where: str = "grid") -> Grid:
+    """A :class:`Grid` from a dict of parameter -> value or list of values.
+
+    Raises
+    ------
+    ValueError
+        An unknown parameter (the message lists the known ones) or a bad value.
+    """
+    names = {field.name for field in fields(Grid)}
+    values = {}
+    for key, value in mapping.items():
+        name = ALIASES.get(key, key)
+        if name not in names:
+            raise ValueError(f"{where}: unknown parameter {key!r}; expected some of "
+                             f"{', '.join(sorted(names))}")
+        values[name] = tuple(value) if isinstance(value, list | tuple) else (value,)
+    try:
+        return Grid(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def load_grid_file(path) -> list[Grid]:
+    """The grids of a TOML (or, with pyyaml installed, YAML) file; see the module docstring.
+
+    Raises
+    ------
+    ValueError
+        The file cannot be parsed, or holds unknown parameters or bad values.
+    """
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(f"{path}: reading YAML needs pyyaml (pip install pyyaml); "
+                             "or write the grid as TOML") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of parameters or a list 'grid' of tables")
+    if "grid" in data:
+        tables = data["grid"]
+        others = sorted(set(data) - {"grid"})
+        if others:
+            raise ValueError(f"{path}: parameters {others} outside the 'grid' list; put them "
+                             "in each [[grid]] table")
+        if isinstance(tables, dict):
+            tables = [tables]
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise ValueError(f"{path}: 'grid' must be a list of tables ([[grid]] in TOML)")
+        return [grid_from_mapping(table, where=f"{path} grid {index + 1}")
+                for index, table in enumerate(tables)]
+    return [grid_from_mapping(data, where=str(path))]
+
+
+def expand(grids) -> list[Point]:
+    """The union of the grids' points, without repeats, ordered backend by backend.
+
+    Backends come in the order they are first named; within a backend, points keep the
+    grids' order.  Timing one backend's points together, after a pause, keeps another
+    library's busy-waiting threads (OpenBLAS, OpenMP) out of its timings.
+    """
+    seen, points = set(), []
+    for grid in grids:
+        for point in grid.points():
+            if point not in seen:
+                seen.add(point)
+                points.append(point)
+    order = {name: index for index, name in enumerate(dict.fromkeys(p.backend for p in points))}
+    return sorted(points, key=lambda point: order[point.backend])  # stable: grid order kept
+
+
+#: Named grids.  "quick" is what ``attnbench run`` sweeps (about a minute on 2 cores);
+#: "tiny" is a smoke test of a few seconds, for the tests.
+GRIDS = {
+    "quick": (
+        # Time, FLOP/s, error and memory against L, every backend, no mask and causal.
+        Grid(L=(256, 512, 1024, 2048), d_k=(64,), heads=(4,), mask=("none", "causal"),
+             backend=("numba", "reference", "numpy", "torch")),
+        # Padding and a bool mask at one length; GQA (4 query heads on 1 K/V head).
+        Grid(L=(1024,), d_k=(64,), heads=(4,), mask=("padding", "bool"),
+             backend=("numba", "reference", "numpy", "torch")),
+        Grid(L=(1024,), d_k=(64,), heads=(4,), kv_heads=(1,), backend=("numba", "torch")),
+        # Time against d_k, heads and batch, for the fused kernel.
+        Grid(L=(512,), d_k=(16, 32, 64, 128, 256), heads=(4,), backend=("numba",)),
+        Grid(L=(512,), d_k=(64,), heads=(1, 2, 4, 8, 16), backend=("numba",)),
+        Grid(L=(512,), d_k=(64,), heads=(4,), batch=(1, 2, 4, 8), backend=("numba",)),
+    ),
+    "tiny": (
+        Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("none", "causal"),
+             backend=("numba", "reference", "numpy", "torch")),
+        Grid(L=(32,), d_k=(8,), heads=(2,), kv_heads=(1,), mask=("padding", "bool"),
+             backend=("numba", "reference")),
+    ),
+}

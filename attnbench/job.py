@@ -1,0 +1,248 @@
+"""The jobs behind ``attnbench sweep`` and the main job ``attnbench run``.
+
+``attnbench run`` first checks every backend against the reference (the agreement
+table, :mod:`attnbench.agreement`, driven by :mod:`attnbench.cli`), then
+:func:`run_job` does the rest:
+
+1. a sweep of the "quick" grid (:data:`attnbench.grid.GRIDS`; "tiny" with
+   ``--grid tiny``), saved as ``sweep.csv`` / ``sweep.parquet`` / ``sweep.json``;
+2. the scaling fits of that sweep (:mod:`attnbench.scaling`), saved as ``scaling.csv``
+   and printed;
+3. the sections that are computed, not read from a table: the attention heat maps
+   and part B's studies (:data:`PART_B_MODULES`: softmax stability, parameter
+   arithmetic, the claims ledger), each module's ``section()``, saved under
+   ``sections/``;
+4. the HTML report, ``report.html``, built from the saved files by
+   :func:`attnbench.report.build_report` (what ``attnbench report`` does too);
+5. ``run.json``: the duration and the exit status.
+
+Ctrl-C during the sweep keeps the finished points (written out) and exits with 130.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+
+from . import html_report, report
+from .grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
+from .sections import Section
+from .sweep import points_summary, run_sweep, save_results
+
+__all__ = ["PART_B_MODULES", "computed_sections", "run_job", "sweep_command"]
+
+#: Part B's report modules: each has ``section()`` returning a Section or a list of them.
+PART_B_MODULES = ("attnbench.stability", "attnbench.params", "attnbench.claims")
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+
+#: Columns printed for each point of a sweep.
+CONSOLE_COLUMNS = {
+    "backend": "backend", "L": "L", "d_k": "d_k", "heads": "H", "kv_heads": "Hkv",
+    "batch": "B", "mask": "mask", "dtype": "dtype", "status": "status",
+    "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
+    "pct_of_gemm_peak": "% GEMM", "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
+}
+
+
+def format_points(table: pd.DataFrame) -> str:
+    """The sweep table as fixed-width text (reasons of skipped points below it)."""
+    shown = table.assign(peak_mem_mib=table.get("peak_mem_bytes", float("nan")) / 2**20)
+    shown = shown[[c for c in CONSOLE_COLUMNS if c in shown]].rename(columns=CONSOLE_COLUMNS)
+    text = shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}")
+    not_ok = table[table["status"] != "ok"]
+    if not not_ok.empty:
+        text += "\n" + "\n".join(f"  {row.backend} L={row.L} {row.mask} {row.dtype}: {row.reason}"
+                                 for row in not_ok.itertuples())
+    return text
+
+
+def print_verdicts(fits: pd.DataFrame, file=None) -> None:
+    """One line per measured fit (FLOP counts left out: they are not measurements)."""
+    file = sys.stdout if file is None else file
+    measured = fits[fits["quantity"] != "flops"] if not fits.empty else fits
+    if measured.empty:
+        print("Scaling: no series varies a parameter over 3 or more values.", file=file)
+        return
+    print("Scaling (least squares on log-log axes, 95% CI):", file=file)
+    for row in measured.itertuples():
+        fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
+        print(f"  [{fixed}] {row.verdict}", file=file)
+
+
+def _status_of_sweep(table: pd.DataFrame) -> int:
+    """1 if a point failed or is outside the tolerance, else 0 (skipped points are fine)."""
+    if table.empty:
+        return 0
+    outside = table.get("within_tolerance", pd.Series(dtype=object)).astype("boolean")
+    return int(bool((table["status"] == "failed").any() or outside.eq(False).any()))
+
+
+# --- attnbench sweep -------------------------------------------------------------------------
+
+#: Grid flags of ``attnbench sweep`` (argparse dest -> grid parameter).
+GRID_FLAGS = {"L": "L", "dk": "d_k", "heads": "heads", "kv_heads": "kv_heads",
+              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend"}
+
+
+def grids_from_args(args) -> list[Grid]:
+    """The grids of ``attnbench sweep``: ``--config FILE``, ``--grid NAME`` or the flags."""
+    given = {param: getattr(args, dest) for dest, param in GRID_FLAGS.items()
+             if getattr(args, dest, None) is not None}
+    sources = [name for name, used in (("--config", args.config), ("--grid", args.grid),
+                                       ("grid flags", given)) if used]
+    if len(sources) > 1:
+        raise ValueError(f"give the grid one way; got {' and '.join(sources)}")
+    if args.config:
+        return load_grid_file(args.config)
+    if args.grid:
+        return list(GRIDS[args.grid])
+    return [grid_from_mapping(given, where="flags")]
+
+
+def sweep_command(args) -> int:
+    """``attnbench sweep``: run a grid, print and save the table and the fits."""
+    from .scaling import scaling_table
+
+    try:
+        grids = grids_from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"attnbench sweep: error: {exc}", file=sys.stderr)
+        return 2
+    points = expand(grids)
+    print(f"Sweep: {points_summary(points)}; results in {args.out}", flush=True)
+    result = run_sweep(points, max_time=args.max_time, oracle_limit=args.oracle_limit,
+                       memory_budget=None if args.memory_budget is None
+                       else args.memory_budget * 2**30, progress=not args.no_progress)
+    written = save_results(result, args.out)
+    if not result.table.empty:
+        print(format_points(result.table))
+    if result.interrupted:
+        print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "
+              f"{', '.join(map(str, written))}.")
+        return EXIT_INTERRUPTED
+    fits = scaling_table(result.table)
+    fits.to_csv(Path(args.out) / "scaling.csv", index=False)
+    print()
+    print_verdicts(fits)
+    print(f"\nWrote {', '.join(map(str, written))} and scaling.csv in {result.seconds:.1f} s. "
+          f"'attnbench report {args.out}' makes the HTML report.")
+    return _status_of_sweep(result.table)
+
+
+# --- attnbench run ---------------------------------------------------------------------------
+
+
+#: Producers of the computed sections: ("module", "function"), each returning a Section
+#: or a list of them.  The heat maps first, then part B's modules (where installed).
+SECTION_PRODUCERS = (("attnbench.plots", "heatmap_section"),
+                     *((name, "section") for name in PART_B_MODULES))
+
+
+def computed_sections() -> tuple[list[Section], list[str]]:
+    """The heat maps and part B's sections; ``(sections, problems)``.
+
+    A part B module that is not installed is only mentioned on the console; a producer
+    that raises gets a section with the traceback, and a line in ``problems``.
+    """
+    sections, problems = [], []
+    for module_name, function in SECTION_PRODUCERS:
+        if importlib.util.find_spec(module_name) is None:
+            print(f"  {module_name}: not in this version, left out of the report")
+            continue
+        started = time.perf_counter()
+        try:
+            result = getattr(importlib.import_module(module_name), function)()
+            new = list(result) if isinstance(result, list | tuple) else [result]
+        except Exception as exc:  # one broken study must not lose the whole report
+            problems.append(f"{module_name}.{function}() raised {type(exc).__name__}: {exc}")
+            new = [Section(title=f"{module_name}.{function}() failed",
+                           text=traceback.format_exc())]
+        sections += new
+        print(f"  {module_name}.{function}: {len(new)} section(s) in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+    return sections, problems
+
+
+def claims_lines(sections) -> list[str]:
+    """``C01 holds: <measured>`` for every row of the claims section's table, if any."""
+    for section in sections:
+        if section.anchor == "claims" and section.tables:
+            table = section.tables[0][1]
+            if {"id", "verdict"} <= set(table.columns):
+                measured = table["measured"] if "measured" in table else [""] * len(table)
+                return [f"  {id_} {verdict}: {value}" for id_, verdict, value in
+                        zip(table["id"], table["verdict"], measured, strict=True)]
+    return []
+
+
+def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
+            sweep_max_time: float = 0.1) -> int:
+    """Everything ``attnbench run`` does after the agreement check; returns the exit status.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``run``'s arguments (``out``, ``grid``, ``backends``).
+    agreement_status : int
+        0 if every backend agreed with the reference, else 1.
+    gemm_peaks : dict
+        dtype name -> GEMM GFLOP/s measured at the start of this run.
+    started : float
+        ``time.perf_counter()`` at the start of the run.
+    sweep_max_time : float
+        Timing budget per sweep point (s).
+    """
+    from kernels._backends import has_real_gpu
+
+    from .scaling import scaling_table
+
+    out = Path(args.out)
+    grid_name = "tiny" if args.grid == "tiny" else "quick"
+    grids = list(GRIDS[grid_name])
+    if has_real_gpu():
+        grids.append(Grid(L=grids[0].L, d_k=grids[0].d_k, heads=grids[0].heads,
+                          mask=grids[0].mask, backend=("cuda",)))
+    points = expand(grids)
+    if args.backends:  # kernels' backends as asked; the peers (numpy, torch) always join
+        points = [p for p in points if p.backend in args.backends or p.backend in
+                  ("numpy", "torch")]
+    print(f"\nSweep '{grid_name}': {points_summary(points)}", flush=True)
+    result = run_sweep(points, max_time=sweep_max_time, gemm_peaks=gemm_peaks)
+    written = save_results(result, out, extra_meta={"grid": grid_name})
+    print(format_points(result.table) if not result.table.empty else "(no point finished)")
+    if result.interrupted:
+        print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "
+              f"{', '.join(map(str, written))}; no report written.")
+        return EXIT_INTERRUPTED
+    fits = scaling_table(result.table)
+    fits.to_csv(out / "scaling.csv", index=False)
+    print()
+    print_verdicts(fits)
+
+    print("\nStudies for the report:", flush=True)
+    sections, problems = computed_sections()
+    html_report.save_sections(sections, out / report.SECTIONS_DIR)
+    claims = claims_lines(sections)
+    if claims:
+        print("\nClaims (verdict: measured):\n" + "\n".join(claims))
+    status = max(agreement_status, _status_of_sweep(result.table), int(bool(problems)))
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    run_record = {"grid": args.grid, "sweep_grid": grid_name, "exit_status": status,
+                  "problems": problems, "seconds_before_report": time.perf_counter() - started}
+    (out / "run.json").write_text(json.dumps(run_record, indent=2) + "\n")
+    html_path = report.build_report(out)  # its subtitle quotes seconds_before_report
+    elapsed = time.perf_counter() - started
+    run_record["seconds"] = elapsed
+    (out / "run.json").write_text(json.dumps(run_record, indent=2) + "\n")
+    print(f"\nWrote {html_path} (and the tables beside it) in {elapsed:.0f} s; exit status "
+          f"{status}.")
+    return status

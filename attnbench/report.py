@@ -1,0 +1,199 @@
+"""The HTML report of a results folder, rebuilt from what is saved there (``attnbench report``).
+
+A results folder (``reports/`` by default) holds what ``attnbench run`` or ``attnbench
+sweep`` wrote.  :func:`collect_sections` turns it into report sections without running
+anything again:
+
+- ``agreement.csv`` (``run``'s agreement check) -> the agreement section;
+- ``sweep.parquet`` or ``sweep.csv`` with ``sweep.json`` -> the sweep section and the
+  scaling section (the fits are recomputed from the saved rows: fitting is arithmetic,
+  not measuring);
+- ``sections/`` -> the sections saved as they were computed (the attention heat maps,
+  the softmax-stability study, parameter arithmetic, the claims ledger), in order;
+- ``machine.json`` / ``sweep.json`` -> the machine record, last.
+
+:func:`build_report` renders them into one HTML file (default ``<folder>/report.html``).
+``attnbench run`` writes its report through the same function, so ``attnbench report``
+rebuilds exactly what ``run`` showed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import html_report, plots, scaling, sweep
+from .sections import Section
+
+__all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
+           "machine_section", "sweep_section"]
+
+REPORT_NAME = "report.html"
+SECTIONS_DIR = "sections"
+
+
+def agreement_section(table: pd.DataFrame) -> Section:
+    """Every backend against the reference (``attnbench run``'s check), summarised."""
+    ok = table["ok"].astype(bool)
+    summary = (table.assign(err_over_tol=table["max_abs_err"] / table["tolerance"])
+               .groupby(["backend", "dtype"], sort=False)
+               .agg(cases=("ok", "size"), agree=("ok", "sum"), max_abs_err=("max_abs_err", "max"),
+                    max_err_over_tol=("err_over_tol", "max"),
+                    median_gflops=("gflops", "median"))
+               .reset_index())
+    shown = table[[c for c in ("case", "B", "H", "Hkv", "Lq", "Lk", "D", "Dv", "mask", "dtype",
+                               "backend", "max_abs_err", "tolerance", "ok", "median_ms",
+                               "gflops", "pct_of_gemm_peak", "error") if c in table]]
+    text = (f"{int(ok.sum())}/{len(table)} (case, dtype, backend) rows agree with the oracle. "
+            "Cases cross odd shapes (L 97 and 113, d 59), Lq ≠ Lk, Dv ≠ D and GQA with every "
+            "mask kind (none, causal, bottom-right causal, bool mask, key_lengths, dropout). "
+            "A row agrees when its max abs error against the oracle is within the tolerance "
+            "(2 × the error of the same formula computed in the input dtype + 4 ulps).")
+    return Section(title="Agreement with the reference", anchor="agreement", text=text,
+                   tables=[("Largest error per backend and dtype", summary),
+                           ("Every case", shown)])
+
+
+#: Columns of the sweep table shown in the report.
+REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status",
+                  "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
+                  "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
+                  "oracle", "reason")
+
+
+def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
+    """The sweep: what ran, the table, GFLOP/s and error plots."""
+    meta = meta or {}
+    counts = table["status"].value_counts()
+    peaks = meta.get("gemm_peak_gflops", {})
+    text = (
+        f"{len(table)} points ({', '.join(f'{n} {s}' for s, n in counts.items())})"
+        + (f" of {meta['n_points']} asked for" if meta.get("n_points") else "")
+        + (f", in {meta['seconds']:.0f} s" if meta.get("seconds") else "") + "."
+        + (" The sweep was interrupted (Ctrl-C): only the finished points are shown."
+           if meta.get("interrupted") else "")
+        + "\n\nEach point: inputs drawn once (the same for every backend of a problem), one "
+        "untimed call (compilation; its output is the one checked against the oracle), then "
+        "timed batches after one more warm-up call (attnbench.timing.measure; median and "
+        "IQR over batches), then one call under tracemalloc for the peak extra memory "
+        "(torch allocates outside Python's allocators: its peak is the rise of the "
+        "process's resident set, a lower bound). GFLOP/s counts only visible (query, key) "
+        "pairs. GEMM peak measured at the start of this sweep with numpy matmul (n = 1024): "
+        + (", ".join(f"{name} {value:.1f} GFLOP/s" for name, value in peaks.items()) or "n/a")
+        + ". Error: max |output − oracle| (the reference formula in float64, or in extended "
+        "precision for float64 inputs), against the tolerance 2 × the error of the same "
+        "formula in the input dtype + 4 ulps."
+    )
+    shown = table[[column for column in REPORT_COLUMNS if column in table]]
+    tables = [("Sweep results, one row per point", shown)]
+    not_ok = table[table["status"] != "ok"]
+    if not not_ok.empty:
+        tables.insert(0, ("Points skipped or failed, with the reason",
+                          not_ok[["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask",
+                                  "dtype", "status", "reason"]]))
+    if "within_tolerance" in table:
+        outside = table[table["within_tolerance"].astype("boolean").eq(False).fillna(False)]
+        if not outside.empty:
+            text += (f"\n\n{len(outside)} point(s) are OUTSIDE the tolerance: "
+                     + "; ".join(f"{r.backend} L={r.L} {r.mask} {r.dtype}: "
+                                 f"{r.max_abs_err:.3g} > {r.tolerance:.3g}"
+                                 for r in outside.itertuples()))
+    figures = []
+    gflops_figure = plots.gflops_by_backend(table, peaks)
+    if gflops_figure is not None:
+        figures.append(("GFLOP/s by backend against L, with the GEMM peak of the same run",
+                        gflops_figure))
+    error_figure = plots.error_by_backend(table)
+    if error_figure is not None:
+        figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
+                        error_figure))
+    return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def machine_section(record: dict, extra: dict | None = None) -> Section:
+    """The machine record as a two-column table (lists and dicts as JSON)."""
+    items = {**record, **(extra or {})}
+    rows = [{"field": key, "value": value if isinstance(value, str | int | float) or value is None
+             else json.dumps(value, default=str)} for key, value in items.items()]
+    return Section(title="Machine", anchor="machine",
+                   text="Where and with what this report's numbers were measured.",
+                   tables=[("Machine record", pd.DataFrame(rows))])
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def collect_sections(folder) -> list[Section]:
+    """The report's sections from the files in ``folder`` (see the module docstring).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``folder`` holds none of the files a report is made from.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    sections = []
+    if (folder / "agreement.csv").exists():
+        sections.append(agreement_section(pd.read_csv(folder / "agreement.csv")))
+    meta = {}
+    try:
+        table, meta = sweep.load_results(folder)
+    except FileNotFoundError:
+        table = None
+    if table is not None and not table.empty:
+        sections.append(sweep_section(table, meta))
+        sections += scaling.section(table)
+    sections += html_report.load_sections(folder / SECTIONS_DIR)
+    if not sections:
+        raise FileNotFoundError(
+            f"{folder} holds no results: expected agreement.csv, sweep.parquet/sweep.csv or "
+            f"{SECTIONS_DIR}/ (written by 'attnbench run' or 'attnbench sweep')")
+    record = _read_json(folder / "machine.json") or meta.get("machine", {})
+    if record:
+        extra = ({"gemm_peak_gflops (sweep)": meta["gemm_peak_gflops"]}
+                 if "gemm_peak_gflops" in meta else {})
+        sections.append(machine_section(record, extra))
+    return sections
+
+
+def _subtitle(folder: Path) -> str:
+    run = _read_json(folder / "run.json")
+    machine = _read_json(folder / "machine.json") or _read_json(folder / "sweep.json").get(
+        "machine", {})
+    parts = []
+    if machine:
+        parts.append(f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores', '?')} "
+                     f"usable cores, Numba {machine.get('numba', '?')} "
+                     f"({machine.get('numba_threads', '?')} threads).")
+    seconds = run.get("seconds_before_report", run.get("seconds"))
+    if seconds:
+        parts.append(f"attnbench run (grid '{run.get('grid')}') measured everything here in "
+                     f"{seconds:.0f} s.")
+    return " ".join(parts)
+
+
+def build_report(folder, html_path=None) -> Path:
+    """Render the report of ``folder`` to ``html_path`` (default ``folder/report.html``)."""
+    folder = Path(folder)
+    html_path = folder / REPORT_NAME if html_path is None else Path(html_path)
+    sections = collect_sections(folder)
+    return html_report.write_html(html_path, sections, title="attnbench report",
+                                  subtitle=_subtitle(folder))
+
+
+def command(args) -> int:
+    """``attnbench report DIR [--html FILE]``."""
+    import sys
+
+    try:
+        path = build_report(args.folder, args.html)
+    except FileNotFoundError as exc:
+        print(f"attnbench report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"Wrote {path}")
+    return 0

@@ -1,0 +1,474 @@
+"""Sweeps: time, FLOP/s, peak memory and error of every point of a grid, as a tidy table.
+
+:func:`run_sweep` turns a list of :class:`attnbench.grid.Point` into a pandas DataFrame
+with one row per point.  The work is split in two:
+
+- :class:`PointRunner` measures one point and returns its row (a dict).  It never
+  raises for a point that fails: the row says ``status="failed"`` and why.  Points
+  that cannot run here are ``status="skipped"`` with the reason: a backend that is
+  not installed (torch) or has no GPU (cuda), a reference that would need more memory
+  than the budget.
+- An *executor* maps the runner over the points: a function
+  ``executor(points, run_point) -> iterator of rows`` that may yield rows in any
+  order.  :func:`serial_executor` runs them in this process, in order; a parallel
+  executor (e.g. Dask) only has to honour the same signature.
+
+For each point the runner builds the inputs (seeded by the problem, so every backend
+of a problem sees the same arrays), calls the backend once (this compiles, and its
+output is the one checked), times it with :func:`attnbench.timing.measure`, measures
+the peak extra memory of one more call (:func:`attnbench.timing.peak_extra_memory`),
+and compares the checked output with the oracle of :mod:`attnbench.accuracy`.  The
+oracle is computed once per problem (cached) with the BLAS on one thread, so that no
+BLAS worker threads are left spinning while the next point is timed; above
+``oracle_limit`` score entries it is skipped and the row says so.
+
+Rows carry the point's parameters, the FLOP count (:mod:`attnbench.flops`, visible
+pairs only), the timing (median, quartiles, IQR, min, runs and calls), GFLOP/s and the
+percentage of the GEMM peak measured in the same run, the backend's threads and the
+time of its smallest call (the overhead :mod:`attnbench.scaling` needs), the peak
+memory, the error and tolerance, status and reason, and the machine columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import kernels
+from kernels._validate import check_attention_args
+
+from . import peers
+from .accuracy import max_abs_error, oracle, oracle_dtype, tolerance
+from .flops import attention_flops, gflops
+from .grid import MASK_KINDS, Point
+from .machine import gemm_peak_gflops, machine_columns, machine_record
+from .timing import measure, peak_extra_memory
+
+__all__ = ["PointRunner", "SweepResult", "load_results", "run_sweep", "save_results",
+           "serial_executor"]
+
+#: Seed of every input: a problem's arrays come from default_rng([SEED, *its sizes]).
+SEED = 0
+#: Fraction of visible pairs of the "bool" mask kind.
+BOOL_MASK_DENSITY = 0.7
+#: Pause (s) before the first point of each backend: other libraries' threads go idle.
+SETTLE_SECONDS = 0.2
+#: Bytes the reference (and the oracle) needs per score entry B·H·Lq·Lk, in float64:
+#: scores, the visibility mask, the masked scores, exp and the weights (measured with
+#: tracemalloc: 34 B at L = 2048, 46 B at L = 128 where the linear terms still count).
+REFERENCE_BYTES_PER_SCORE = 40
+#: The same for the plain NumPy peer, per byte of the dtype (scores, where, the bool mask).
+NUMPY_BYTES_PER_SCORE_PER_ITEM = 3
+#: Default largest problem (score entries B·H·Lq·Lk) whose oracle is computed.  float64
+#: inputs get an oracle in np.longdouble, which NumPy computes without BLAS (~50x slower):
+#: their limit is 4x smaller.
+ORACLE_LIMIT = 2**22
+
+Row = dict
+#: Columns of a sweep table, in order (then the machine columns).
+COLUMNS = (
+    "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status", "reason",
+    "flops", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "calls", "gflops",
+    "gemm_peak_gflops", "pct_of_gemm_peak", "threads", "call_overhead_ms", "peak_mem_bytes",
+    "memory_method", "max_abs_err", "tolerance", "within_tolerance", "oracle", "point_seconds",
+)
+RunPoint = Callable[[Point], Row]
+Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
+
+
+def serial_executor(points: Sequence[Point], run_point: RunPoint) -> Iterator[Row]:
+    """Run the points one after the other in this process, yielding each row when done."""
+    for point in points:
+        yield run_point(point)
+
+
+def make_inputs(point: Point):
+    """``q, k, v`` (B, H|Hkv, L, d_k) and the masking keyword arguments of ``point``."""
+    rng = np.random.default_rng([SEED, point.L, point.d_k, point.heads, point.kv_heads,
+                                 point.batch, MASK_KINDS.index(point.mask)])
+    B, H, Hkv, L, D = point.batch, point.heads, point.kv_heads, point.L, point.d_k
+    q = rng.standard_normal((B, H, L, D)).astype(point.dtype)  # (B, H, L, D)
+    k = rng.standard_normal((B, Hkv, L, D)).astype(point.dtype)  # (B, Hkv, L, D)
+    v = rng.standard_normal((B, Hkv, L, D)).astype(point.dtype)  # (B, Hkv, L, D)
+    if point.mask == "none":
+        kwargs = {}
+    elif point.mask == "causal":
+        kwargs = {"causal": True}
+    elif point.mask == "padding":
+        kwargs = {"key_lengths": np.full(B, L - L // 4, dtype=np.int64)}
+    elif point.mask == "bool":
+        kwargs = {"mask": rng.random((B, 1, L, L)) < BOOL_MASK_DENSITY}  # (B, 1, L, L)
+    else:
+        raise ValueError(f"mask kind {point.mask!r} is unknown; expected one of {MASK_KINDS}")
+    return q, k, v, kwargs
+
+
+def _size(n_bytes: float) -> str:
+    """``"1.3 MB"``, ``"2.10 GB"``."""
+    if n_bytes < 2**30:
+        return f"{n_bytes / 2**20:.1f} MB"
+    return f"{n_bytes / 2**30:.2f} GB"
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class PointRunner:
+    """Measures one point per call; holds the settings and the per-run caches.
+
+    Parameters are the settings of :func:`run_sweep`.
+    """
+
+    max_time: float = 0.2  # timing budget per point, s (at least 3 timed batches)
+    oracle_limit: int = ORACLE_LIMIT  # largest B·H·L² whose oracle is computed
+    memory_budget: float | None = None  # bytes a point may need; None: half of MemAvailable
+    gemm_peaks: dict = field(default_factory=dict)  # dtype name -> GFLOP/s
+    settle: float = SETTLE_SECONDS
+    _oracles: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    _overheads: dict = field(default_factory=dict, repr=False)
+    _last_backend: str | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.memory_budget is None:
+            available = available_memory_bytes()
+            self.memory_budget = available / 2 if available else 8 * 2**30
+
+    # --- what cannot run ------------------------------------------------------------------
+
+    def skip_reason(self, point: Point) -> str:
+        """Why ``point`` cannot run here, or ``""``."""
+        if point.heads % point.kv_heads:
+            return (f"skipped: heads={point.heads} is not a multiple of "
+                    f"kv_heads={point.kv_heads}")
+        if point.backend == "cuda":
+            from kernels._backends import cuda_status, has_real_gpu
+
+            if not has_real_gpu():
+                return ("skipped: cuda runs only on a real GPU in a sweep (Numba's CUDA "
+                        f"simulator is far too slow); here: {cuda_status()[1]}")
+        if point.backend in peers.PEERS:
+            usable, why = peers.peer_status(point.backend)
+            if not usable:
+                return f"skipped: {why}"
+        need = self.estimated_bytes(point)
+        if need > self.memory_budget:
+            return (f"skipped: {point.backend} would need ~{_size(need)} "
+                    f"(memory budget {_size(self.memory_budget)})")
+        return ""
+
+    @staticmethod
+    def estimated_bytes(point: Point) -> float:
+        """Memory a call needs beyond its inputs, for the backends that build L x L scores."""
+        scores = point.batch * point.heads * point.L * point.L
+        if point.backend == "reference":
+            return scores * REFERENCE_BYTES_PER_SCORE
+        if point.backend == "numpy":
+            return scores * NUMPY_BYTES_PER_SCORE_PER_ITEM * np.dtype(point.dtype).itemsize
+        return 0.0
+
+    def oracle_skip_reason(self, point: Point) -> str:
+        scores = point.batch * point.heads * point.L * point.L
+        limit = self.oracle_limit if point.dtype == "float32" else self.oracle_limit // 4
+        if scores > limit:
+            return (f"oracle skipped: B·H·L² = {scores:,} score entries > limit {limit:,} "
+                    f"for {point.dtype}")
+        need = scores * REFERENCE_BYTES_PER_SCORE * (2 if point.dtype == "float64" else 1)
+        if need > self.memory_budget:
+            return f"oracle skipped: it would need ~{_size(need)}"
+        return ""
+
+    # --- measuring ------------------------------------------------------------------------
+
+    def make_call(self, point: Point, q, k, v, kwargs):
+        """The function the point times: the public kernels API, or the peer."""
+        if point.backend in peers.PEERS:
+            return peers.make_call(point.backend, q, k, v, kwargs)
+        return functools.partial(kernels.attention, q, k, v, backend=point.backend, **kwargs)
+
+    def threads(self, backend: str) -> int | None:
+        if backend in peers.PEERS:
+            return peers.peer_threads(backend)
+        if backend == "numba":
+            import numba
+
+            return numba.get_num_threads()
+        if backend == "reference":
+            return peers.peer_threads("numpy")
+        return None
+
+    def call_overhead(self, point: Point) -> float:
+        """Median time (s) of the backend's smallest call (B = H = L = d_k = 1), cached."""
+        key = (point.backend, point.dtype)
+        if key not in self._overheads:
+            one = Point(backend=point.backend, L=1, d_k=1, heads=1, kv_heads=1, batch=1,
+                        mask="none", dtype=point.dtype)
+            q, k, v, kwargs = make_inputs(one)
+            call = self.make_call(one, q, k, v, kwargs)
+            self._overheads[key] = measure(call, warmup=2, repeat=5, max_time=0.05).median
+        return self._overheads[key]
+
+    def _oracle(self, point: Point, q, k, v, kwargs):
+        """``(exact, plain-error, tolerance)`` of the point's problem, cached per problem."""
+        key = point.problem_key()
+        if key not in self._oracles:
+            from threadpoolctl import threadpool_limits
+
+            problem = check_attention_args(q, k, v, **kwargs)
+            with threadpool_limits(limits=1, user_api="blas"):
+                exact, plain = oracle(problem)  # (B, H, L, D) each
+            self._oracles[key] = (exact, tolerance(exact, plain, problem.dtype))
+            while len(self._oracles) > 8:  # points of one problem are usually close together
+                self._oracles.popitem(last=False)
+        return self._oracles[key]
+
+    def __call__(self, point: Point) -> Row:
+        started = time.perf_counter()
+        row = {**point.as_dict(), "flops": np.nan, "status": "ok", "reason": ""}
+        skip = self.skip_reason(point)
+        if skip:
+            return {**row, "status": "skipped", "reason": skip}
+        try:
+            row.update(self._measure(point))
+        except Exception as exc:  # MemoryError included: the row records it, the sweep goes on
+            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        row["point_seconds"] = time.perf_counter() - started
+        return row
+
+    def _measure(self, point: Point) -> dict:
+        if point.backend != self._last_backend:
+            time.sleep(self.settle)  # the previous backend's worker threads go idle
+            self._last_backend = point.backend
+        q, k, v, kwargs = make_inputs(point)
+        B, H, L, D = point.batch, point.heads, point.L, point.d_k
+        flops = attention_flops(B, H, L, L, D, causal=kwargs.get("causal", False),
+                                key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"))
+        call = self.make_call(point, q, k, v, kwargs)
+        out = call()  # compiles on first use; this output is the one checked
+        timing = measure(call, warmup=1, repeat=7, min_time=1e-3, max_time=self.max_time)
+        memory_method = "rss" if point.backend == "torch" else "tracemalloc"
+        peak = peak_extra_memory(call, method=memory_method, warmup=0)
+        if point.backend == "cuda":
+            memory_method = "tracemalloc, host only (device memory not seen)"
+        result = {
+            "flops": flops,
+            "median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
+            "q75_ms": timing.q75 * 1e3, "iqr_ms": timing.iqr * 1e3, "min_ms": timing.min * 1e3,
+            "runs": timing.runs, "calls": timing.calls, "gflops": gflops(flops, timing.median),
+        }
+        peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
+        result.update(gemm_peak_gflops=peak_gemm,
+                      pct_of_gemm_peak=100 * result["gflops"] / peak_gemm,
+                      threads=self.threads(point.backend),
+                      call_overhead_ms=self.call_overhead(point) * 1e3,
+                      peak_mem_bytes=peak, memory_method=memory_method)
+        oracle_skip = self.oracle_skip_reason(point)
+        if oracle_skip:
+            result.update(max_abs_err=np.nan, tolerance=np.nan, within_tolerance=pd.NA,
+                          oracle=oracle_skip)
+        else:
+            exact, tol = self._oracle(point, q, k, v, kwargs)
+            error = max_abs_error(np.asarray(out).reshape(exact.shape), exact)
+            result.update(max_abs_err=error, tolerance=tol, within_tolerance=error <= tol,
+                          oracle=oracle_dtype(point.dtype).name)
+        return result
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` returns."""
+
+    table: pd.DataFrame  # one row per finished point
+    interrupted: bool  # True if Ctrl-C stopped the sweep: the table has the finished rows
+    seconds: float  # wall-clock time of the sweep
+    gemm_peaks: dict  # dtype name -> GFLOP/s, measured at the start
+    n_points: int  # points asked for
+
+
+def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
+              oracle_limit: int = ORACLE_LIMIT, memory_budget: float | None = None,
+              gemm_peaks: dict | None = None, executor: Executor = serial_executor,
+              progress: bool = True, with_machine: bool = True,
+              runner: PointRunner | None = None) -> SweepResult:
+    """Measure every point; Ctrl-C stops the sweep and keeps the finished rows.
+
+    Parameters
+    ----------
+    points : sequence of Point
+        Usually :func:`attnbench.grid.expand` of some grids.
+    max_time : float, default 0.2
+        Timing budget per point in seconds (:func:`attnbench.timing.measure`).
+    oracle_limit : int, default ORACLE_LIMIT
+        Largest problem, in score entries B·H·L², whose error against the oracle is
+        computed (a quarter of it for float64); above it the row's ``oracle`` says skipped.
+    memory_budget : float, optional
+        Bytes a point may need beyond its inputs (the reference's L x L arrays); points
+        above are skipped with the estimate.  Default: half of the available memory.
+    gemm_peaks : dict, optional
+        dtype name -> GEMM GFLOP/s; measured now for the dtypes of the points if not given.
+    executor : callable, default serial_executor
+        ``executor(points, run_point)`` yielding one row per point.
+    progress : bool, default True
+        Show a tqdm progress bar with an ETA on stderr.
+    with_machine : bool, default True
+        Add the :func:`attnbench.machine.machine_columns` to every row.
+    runner : PointRunner, optional
+        Use this runner (its settings win over the arguments above).
+
+    Returns
+    -------
+    SweepResult
+    """
+    started = time.perf_counter()
+    if gemm_peaks is None:
+        gemm_peaks = {name: gemm_peak_gflops(np.dtype(name))
+                      for name in dict.fromkeys(point.dtype for point in points)}
+    if runner is None:
+        runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
+                             memory_budget=memory_budget, gemm_peaks=gemm_peaks)
+    rows, interrupted = [], False
+    bar = _progress_bar(len(points), enabled=progress)
+    # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas and
+    # matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects are not
+    # walked, and nothing allocated before the sweep is garbage the sweep must reclaim.
+    gc.freeze()
+    try:
+        for row in executor(points, runner):
+            rows.append(row)
+            bar.set_postfix_str(_postfix(row), refresh=False)
+            bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        gc.unfreeze()
+        bar.close()
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
+    if with_machine and not table.empty:
+        for column, value in machine_columns().items():
+            table[column] = value
+    return SweepResult(table=table, interrupted=interrupted,
+                       seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
+                       n_points=len(points))
+
+
+def _postfix(row: Row) -> str:
+    label = f"{row['backend']} L={row['L']} {row['mask']}"
+    if row["status"] != "ok":
+        return f"{label}: {row['status']}"
+    return f"{label}: {row['median_ms']:.3g} ms"
+
+
+def _progress_bar(total: int, *, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="sweep", unit="point", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)
+
+
+# --- saving and loading ---------------------------------------------------------------------
+
+RESULTS_STEM = "sweep"
+
+
+def parquet_engine() -> str | None:
+    """The installed Parquet engine pandas can use ("pyarrow" or "fastparquet"), or None."""
+    import importlib.util
+
+    for engine in ("pyarrow", "fastparquet"):
+        if importlib.util.find_spec(engine) is not None:
+            return engine
+    return None
+
+
+def save_results(result: SweepResult, out_dir, *, extra_meta: dict | None = None) -> list[Path]:
+    """Write ``sweep.csv``, ``sweep.parquet`` (if an engine is installed) and ``sweep.json``.
+
+    ``sweep.json`` holds what is not per row: the GEMM peaks, whether the sweep was
+    interrupted, its duration, the number of points asked for and the machine record.
+
+    Returns
+    -------
+    list of Path
+        The files written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / f"{RESULTS_STEM}.csv"]
+    result.table.to_csv(written[0], index=False)
+    engine = parquet_engine()
+    if engine is not None:
+        written.append(out_dir / f"{RESULTS_STEM}.parquet")
+        result.table.to_parquet(written[-1], engine=engine, index=False)
+    meta = {"gemm_peak_gflops": result.gemm_peaks, "interrupted": result.interrupted,
+            "seconds": result.seconds, "n_points": result.n_points,
+            "n_rows": len(result.table), "machine": machine_record(),
+            "written": [path.name for path in written], **(extra_meta or {})}
+    written.append(out_dir / f"{RESULTS_STEM}.json")
+    written[-1].write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return written
+
+
+#: Text columns of a sweep table: read back from CSV as strings, "" where empty.
+TEXT_COLUMNS = ("backend", "mask", "dtype", "status", "reason", "memory_method", "oracle")
+
+
+def load_results(path) -> tuple[pd.DataFrame, dict]:
+    """Read a saved sweep back: ``(table, meta)``.
+
+    Parameters
+    ----------
+    path : path-like
+        The folder :func:`save_results` wrote to, or one of its files.  The Parquet file
+        is preferred (it keeps the dtypes); the CSV is used without one.
+
+    Raises
+    ------
+    FileNotFoundError
+        No sweep results there.
+    """
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    parquet, csv = folder / f"{RESULTS_STEM}.parquet", folder / f"{RESULTS_STEM}.csv"
+    if path.suffix == ".csv":
+        parquet = None
+    if parquet is not None and parquet.exists() and parquet_engine() is not None:
+        table = pd.read_parquet(parquet)
+    elif csv.exists():
+        table = pd.read_csv(csv)
+        for column in TEXT_COLUMNS:
+            if column in table:
+                table[column] = table[column].astype(object).fillna("").astype(str)
+    else:
+        raise FileNotFoundError(f"no {RESULTS_STEM}.parquet or {RESULTS_STEM}.csv in {folder}")
+    meta_path = folder / f"{RESULTS_STEM}.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return table, meta
+
+
+def points_summary(points: Iterable[Point]) -> str:
+    """``"52 points: numba 24, reference 10, ..."``."""
+    points = list(points)
+    counts = pd.Series([point.backend for point in points]).value_counts(sort=False)
+    return f"{len(points)} points: " + ", ".join(f"{name} {n}" for name, n in counts.items())
+

@@ -1,0 +1,99 @@
+"""Sweep grids: from a mapping, from TOML files, named; the union of several grids."""
+
+import importlib.util
+
+import pytest
+
+from attnbench.grid import GRIDS, Grid, Point, expand, grid_from_mapping, load_grid_file
+
+
+def test_a_grid_is_the_product_of_its_values_with_kv_heads_defaulting_to_heads():
+    grid = Grid(L=(16, 32), d_k=(8,), heads=(2, 4), mask=("none", "causal"),
+                backend=("numba",))
+    points = grid.points()
+    assert len(points) == 2 * 2 * 2
+    assert all(point.kv_heads == point.heads for point in points)
+    assert Point("numba", 16, 8, 4, 4, 1, "causal", "float32") in points
+
+
+def test_scalars_and_aliases_are_accepted_in_a_mapping():
+    grid = grid_from_mapping({"L": 64, "dk": [8, 16], "backends": "reference"})
+    assert grid.L == (64,) and grid.d_k == (8, 16) and grid.backend == ("reference",)
+
+
+# (mapping, words the error must contain)
+BAD_MAPPINGS = [
+    ({"L": [0]}, ["L", "positive"]),
+    ({"L": [1.5]}, ["L", "positive"]),
+    ({"heads": [True]}, ["heads", "positive"]),
+    ({"mask": ["triangle"]}, ["mask", "triangle", "causal"]),
+    ({"dtype": ["float16"]}, ["dtype", "float16", "float32"]),
+    ({"backend": ["jax"]}, ["backend", "jax", "numba"]),
+    ({"seq_len": [4]}, ["unknown parameter", "seq_len", "d_k"]),
+    ({"L": []}, ["L", "no values"]),
+]
+
+
+@pytest.mark.parametrize("mapping, words", BAD_MAPPINGS)
+def test_bad_grids_say_what_was_expected(mapping, words):
+    with pytest.raises(ValueError) as info:
+        grid_from_mapping(mapping)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_toml_with_several_grids_is_their_union(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(
+        "[[grid]]\nL = [16, 32]\nd_k = 8\nbackend = ['numba', 'reference']\n\n"
+        "[[grid]]\nL = 16\nd_k = [8, 16]\nbackend = 'numba'\n"
+    )
+    grids = load_grid_file(path)
+    assert len(grids) == 2
+    points = expand(grids)
+    # numba: L16 d8, L32 d8, L16 d16 (L16 d8 only once); reference: L16, L32.
+    assert len(points) == 5
+    assert [p.backend for p in points] == ["numba"] * 3 + ["reference"] * 2
+
+
+def test_toml_with_top_level_parameters_is_one_grid(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text("L = [16, 32]\nmask = ['none', 'padding']\n")
+    (grid,) = load_grid_file(path)
+    assert grid.mask == ("none", "padding") and grid.d_k == (64,)
+
+
+def test_bad_files_name_the_file_and_the_problem(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("L = [16,\n")
+    with pytest.raises(ValueError, match="broken.toml: not valid TOML"):
+        load_grid_file(broken)
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text("d_k = 8\n[[grid]]\nL = 16\n")
+    with pytest.raises(ValueError, match="outside the 'grid' list"):
+        load_grid_file(mixed)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[[grid]]\nL = 16\n[[grid]]\nlength = 16\n")
+    with pytest.raises(ValueError, match="grid 2: unknown parameter 'length'"):
+        load_grid_file(unknown)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("yaml") is not None, reason="pyyaml is installed")
+def test_yaml_without_pyyaml_says_to_install_it(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text("L: [16]\n")
+    with pytest.raises(ValueError, match="pyyaml"):
+        load_grid_file(path)
+
+
+def test_yaml_with_pyyaml(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "grid.yaml"
+    path.write_text("grid:\n  - {L: [16, 32], backend: numba}\n")
+    assert len(expand(load_grid_file(path))) == 2
+
+
+def test_named_grids_are_valid_and_the_tiny_one_is_small():
+    for name, grids in GRIDS.items():
+        assert expand(grids), name
+    assert max(point.L for point in expand(GRIDS["tiny"])) <= 64
