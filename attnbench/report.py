@@ -60,7 +60,7 @@ def agreement_section(table: pd.DataFrame) -> Section:
 REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status",
                   "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
                   "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
-                  "oracle", "reason")
+                  "oracle")
 
 
 def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
@@ -87,7 +87,9 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         "formula in the input dtype + 4 ulps."
     )
     shown = table[[column for column in REPORT_COLUMNS if column in table]]
-    tables = [("Sweep results, one row per point", shown)]
+    tables = [("Sweep results, one row per point (the reasons of the points not ok are above)"
+               if (table["status"] != "ok").any() else "Sweep results, one row per point",
+               shown)]
     not_ok = table[table["status"] != "ok"]
     if not not_ok.empty:
         tables.insert(0, ("Points skipped or failed, with the reason",
