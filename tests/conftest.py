@@ -28,3 +28,38 @@ def pytest_terminal_summary(terminalreporter):
     write(f"{'backend':<10} {'dtype':<8} {'comparisons':>11} {'max error':>10} {'max err/tol':>11}")
     for (backend, dtype), (n, worst, ratio) in sorted(rows.items()):
         write(f"{backend:<10} {dtype:<8} {n:>11} {worst:>10.2e} {ratio:>11.2f}")
+
+
+# --- pytest --benchmark ----------------------------------------------------------------------
+# pytest-benchmark brings the `benchmark` fixture, the `benchmark` marker and the
+# --benchmark-* options, but no plain --benchmark: that one is ours.  Without it the tests
+# under tests/benchmarks/ are deselected (plain `pytest` stays quick); with it (or with
+# pytest-benchmark's --benchmark-only) they run with pytest-benchmark's fixture, so
+# --benchmark-json, --benchmark-autosave and --benchmark-compare work as documented.
+
+BENCHMARKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--benchmark", action="store_true", default=False,
+        help="run the benchmarks in tests/benchmarks/ (deselected otherwise); grid from "
+             "ATTNBENCH_BENCH_GRID=tiny|small (default tiny)",
+    )
+
+
+def _benchmarks_wanted(config) -> bool:
+    return bool(config.getoption("--benchmark")
+                or config.getoption("benchmark_only", default=False))
+
+
+def pytest_collection_modifyitems(config, items):
+    if _benchmarks_wanted(config):
+        return
+    selected, deselected = [], []
+    for item in items:
+        inside = os.path.commonpath([str(item.path), BENCHMARKS_DIR]) == BENCHMARKS_DIR
+        (deselected if inside else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

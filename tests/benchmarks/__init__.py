@@ -1,0 +1,1 @@
+"""Benchmarks, run with ``pytest --benchmark`` (deselected by plain ``pytest``)."""

@@ -1,0 +1,64 @@
+"""``pytest --benchmark`` on the tiny grid, in a subprocess: the JSON, autosave and compare.
+
+Plain ``pytest`` deselects tests/benchmarks/; ``--benchmark`` runs them with
+pytest-benchmark's fixture (see tests/conftest.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.benchmarks.test_attention import BACKENDS, MASKS, SHAPES
+from tests.benchmarks.test_peers import PEERS
+
+REPO = Path(__file__).resolve().parents[1]
+#: Short runs: the numbers are not the point here, the plumbing is.
+QUICK = ("--benchmark-max-time=0.005", "--benchmark-min-rounds=3")
+
+
+def run_pytest(*args, timeout=300):
+    env = dict(os.environ, ATTNBENCH_BENCH_GRID="tiny", PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         str(REPO / "tests" / "benchmarks"), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_plain_pytest_deselects_the_benchmarks():
+    result = run_pytest()
+    n = len(SHAPES["tiny"]) * len(MASKS) * (len(BACKENDS) + len(PEERS))
+    assert result.returncode == 5, result.stdout + result.stderr  # 5: no test ran
+    assert f"{n} deselected" in result.stdout
+
+
+def test_benchmark_json_autosave_and_compare(tmp_path):
+    report = tmp_path / "bench.json"
+    storage = f"file://{tmp_path / 'storage'}"
+    first = run_pytest("--benchmark", f"--benchmark-json={report}", "--benchmark-autosave",
+                       f"--benchmark-storage={storage}", *QUICK)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    data = json.loads(report.read_text())
+    benchmarks = data["benchmarks"]
+    n_kernels = len(SHAPES["tiny"]) * len(MASKS) * len(BACKENDS)
+    assert len(benchmarks) >= n_kernels  # + the peers that are installed (numpy at least)
+    names = {bench["name"] for bench in benchmarks}
+    assert any(name.startswith("test_peer[") and name.endswith("numpy]") for name in names)
+    for bench in benchmarks:
+        info = bench["extra_info"]
+        shape = f"L={info['L']} d_k={info['d_k']} H={info['heads']}/{info['kv_heads']}"
+        assert bench["group"].startswith(shape) and info["mask"] in bench["group"]
+        assert bench["stats"]["median"] > 0 and bench["stats"]["rounds"] >= 3
+        assert info["gflops"] > 0
+        assert info["gflops"] == info["flops"] / bench["stats"]["median"] / 1e9
+        assert 0 <= info["max_abs_err"] <= info["tolerance"]
+    assert data["machine_info"]["cpu"]
+    saved = list((tmp_path / "storage").rglob("*.json"))
+    assert len(saved) == 1, saved
+
+    second = run_pytest("--benchmark", "--benchmark-compare",
+                        f"--benchmark-storage={storage}", *QUICK)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "Comparing against benchmarks from" in second.stdout + second.stderr
+    assert saved[0].stem.split("_")[0] in second.stdout + second.stderr  # e.g. 0001
