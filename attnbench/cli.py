@@ -58,8 +58,9 @@ def _add_run(subparsers) -> None:
             "through kernels.attention, and its GFLOP/s next to the measured GEMM peak. "
             "Prints the table and the machine, writes OUT/agreement.csv (one row per "
             "case, dtype and backend, with the machine columns) and OUT/machine.json. "
-            "Then sweep the 'quick' grid (L 256-2048 for numba, reference and the numpy and "
-            "torch peers; d_k, heads and batch for numba; about a minute on 2 cores) into "
+            "Then sweep the 'quick' grid (L 256-4096 for numba and the numpy and torch peers, "
+            "to 2048 for the reference; d_k, heads and batch for numba; about a minute on 2 "
+            "cores) into "
             "OUT/sweep.csv, sweep.parquet and sweep.json, fit the scaling exponents "
             "(OUT/scaling.csv), compute the attention heat maps and the studies of "
             "attnbench.stability, attnbench.params and attnbench.claims where installed "
@@ -87,6 +88,10 @@ def _add_run(subparsers) -> None:
                              "are timed anyway (default: %(default)s)")
     parser.add_argument("--sweep-max-time", metavar="SECONDS", type=float, default=0.1,
                         help="timing budget per sweep point (default: %(default)s)")
+    parser.add_argument("--threads", metavar="N", type=_positive_int,
+                        help="run the sweep (and its GEMM peak) on at most N threads: "
+                             "Numba, BLAS, OpenMP, torch; 1 gives steadier scaling fits on "
+                             "a shared machine (default: all)")
     parser.set_defaults(handler=_run)
 
 
@@ -208,6 +213,10 @@ def _add_sweep(subparsers) -> None:
     parser.add_argument("--memory-budget", metavar="GB", type=float,
                         help="skip points whose L x L arrays would need more (default: half "
                              "of the available memory)")
+    parser.add_argument("--threads", metavar="N", type=_positive_int,
+                        help="at most N threads for Numba, BLAS, OpenMP and torch, GEMM peak "
+                             "included; 1 gives steadier scaling fits on a shared machine "
+                             "(default: all)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr")
     parser.set_defaults(handler=_sweep)

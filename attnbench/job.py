@@ -120,8 +120,9 @@ def sweep_command(args) -> int:
     print(f"Sweep: {points_summary(points)}; results in {args.out}", flush=True)
     result = run_sweep(points, max_time=args.max_time, oracle_limit=args.oracle_limit,
                        memory_budget=None if args.memory_budget is None
-                       else args.memory_budget * 2**30, progress=not args.no_progress)
-    written = save_results(result, args.out)
+                       else args.memory_budget * 2**30, progress=not args.no_progress,
+                       threads=args.threads)
+    written = save_results(result, args.out, extra_meta={"threads": args.threads})
     if not result.table.empty:
         print(format_points(result.table))
     if result.interrupted:
@@ -215,8 +216,11 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
         points = [p for p in points if p.backend in args.backends or p.backend in
                   ("numpy", "torch")]
     print(f"\nSweep '{grid_name}': {points_summary(points)}", flush=True)
-    result = run_sweep(points, max_time=sweep_max_time, gemm_peaks=gemm_peaks)
-    written = save_results(result, out, extra_meta={"grid": grid_name})
+    threads = getattr(args, "threads", None)
+    # With fewer threads, the GEMM peak of the same thread count is the yardstick.
+    result = run_sweep(points, max_time=sweep_max_time, threads=threads,
+                       gemm_peaks=None if threads else gemm_peaks)
+    written = save_results(result, out, extra_meta={"grid": grid_name, "threads": threads})
     print(format_points(result.table) if not result.table.empty else "(no point finished)")
     if result.interrupted:
         print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "

@@ -180,11 +180,16 @@ def error_by_backend(table: pd.DataFrame) -> Figure | None:
 
 
 def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Figure | None:
-    """Peak extra memory of one call against L per backend and mask, log-log, with fits."""
-    from .scaling import fit_from_row
+    """Memory that grows with the problem against L, per backend and mask, log-log, with fits.
+
+    The y axis is the peak extra memory of one call minus that of the backend's smallest
+    call (:func:`attnbench.scaling.memory_growth`), the quantity the fits are made on.
+    """
+    from .scaling import fit_from_row, memory_growth
 
     data = _ok(table)
-    data = data[data["peak_mem_bytes"] > 0]
+    data = data.assign(_growth=memory_growth(data))
+    data = data[data["_growth"] > 0]
     keys = SERIES_KEYS + ["mask"]
     series_list = list(_length_series(data, keys))
     if not series_list:
@@ -197,12 +202,15 @@ def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> F
         label = f"{fixed['backend']}, {fixed['mask']}" + (" (RSS)" if method == "rss" else "")
         row = _fit_row(fits, "memory", fixed)
         fit = None if row is None else fit_from_row(row)
+        linestyle = "-" if fixed["mask"] == "none" else ":"
         if fit is not None:
             label += f": L^{fit.slope:.2f} ± {fit.ci95:.2f}"
-        ax.plot(series["L"], series["peak_mem_bytes"] / 2**20, MARKERS.get(fixed["mask"], "o"),
-                color=color, linestyle="-" if fixed["mask"] == "none" else ":", label=label)
+            xs = np.geomspace(fit.x_min, fit.x_max, 20)
+            ax.plot(xs, fit.predict(xs) / 2**20, linestyle, color=color, alpha=0.5)
+        ax.plot(series["L"], series["_growth"] / 2**20, MARKERS.get(fixed["mask"], "o"),
+                color=color, linestyle="none", label=label)
     ax.set(xscale="log", yscale="log", xlabel="sequence length L",
-           ylabel="peak extra memory of one call (MiB)")
+           ylabel="peak extra memory − smallest call's (MiB)")
     ax.legend(fontsize="x-small")
     ax.grid(True, which="both", alpha=0.3)
     return fig

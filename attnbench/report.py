@@ -74,6 +74,8 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         + (f", in {meta['seconds']:.0f} s" if meta.get("seconds") else "") + "."
         + (" The sweep was interrupted (Ctrl-C): only the finished points are shown."
            if meta.get("interrupted") else "")
+        + (f" Every backend ran on at most {meta['threads']} thread(s) (--threads), the "
+           "GEMM peak too." if meta.get("threads") else "")
         + "\n\nEach point: inputs drawn once (the same for every backend of a problem), one "
         "untimed call (compilation; its output is the one checked against the oracle), then "
         "timed batches after one more warm-up call (attnbench.timing.measure; median and "
@@ -149,7 +151,7 @@ def collect_sections(folder) -> list[Section]:
         table = None
     if table is not None and not table.empty:
         sections.append(sweep_section(table, meta))
-        sections += scaling.section(table)
+        sections += scaling.section(table, meta=meta)
     sections += html_report.load_sections(folder / SECTIONS_DIR)
     if not sections:
         raise FileNotFoundError(

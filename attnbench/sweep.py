@@ -31,9 +31,11 @@ memory, the error and tolerance, status and reason, and the machine columns.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
+import os
 import sys
 import time
 from collections import OrderedDict
@@ -80,7 +82,8 @@ COLUMNS = (
     "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status", "reason",
     "flops", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "calls", "gflops",
     "gemm_peak_gflops", "pct_of_gemm_peak", "threads", "call_overhead_ms", "peak_mem_bytes",
-    "memory_method", "max_abs_err", "tolerance", "within_tolerance", "oracle", "point_seconds",
+    "base_mem_bytes", "memory_method", "max_abs_err", "tolerance", "within_tolerance", "oracle",
+    "point_seconds",
 )
 RunPoint = Callable[[Point], Row]
 Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
@@ -216,15 +219,22 @@ class PointRunner:
             return peers.peer_threads("numpy")
         return None
 
-    def call_overhead(self, point: Point) -> float:
-        """Median time (s) of the backend's smallest call (B = H = L = d_k = 1), cached."""
+    def smallest_call(self, point: Point) -> tuple[float, int]:
+        """``(median seconds, peak extra bytes)`` of the backend's smallest call, cached.
+
+        The smallest call (B = H = L = d_k = 1, no mask) costs only what does not grow with
+        the problem: argument checks, dispatch, thread launch, fixed buffers.
+        :mod:`attnbench.scaling` uses both to leave that fixed part out of its fits.
+        """
         key = (point.backend, point.dtype)
         if key not in self._overheads:
             one = Point(backend=point.backend, L=1, d_k=1, heads=1, kv_heads=1, batch=1,
                         mask="none", dtype=point.dtype)
             q, k, v, kwargs = make_inputs(one)
             call = self.make_call(one, q, k, v, kwargs)
-            self._overheads[key] = measure(call, warmup=2, repeat=5, max_time=0.05).median
+            seconds = measure(call, warmup=2, repeat=5, max_time=0.05).median
+            method = "rss" if point.backend == "torch" else "tracemalloc"
+            self._overheads[key] = (seconds, peak_extra_memory(call, method=method, warmup=0))
         return self._overheads[key]
 
     def _oracle(self, point: Point, q, k, v, kwargs):
@@ -279,8 +289,9 @@ class PointRunner:
         result.update(gemm_peak_gflops=peak_gemm,
                       pct_of_gemm_peak=100 * result["gflops"] / peak_gemm,
                       threads=self.threads(point.backend),
-                      call_overhead_ms=self.call_overhead(point) * 1e3,
-                      peak_mem_bytes=peak, memory_method=memory_method)
+                      call_overhead_ms=self.smallest_call(point)[0] * 1e3,
+                      peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],
+                      memory_method=memory_method)
         oracle_skip = self.oracle_skip_reason(point)
         if oracle_skip:
             result.update(max_abs_err=np.nan, tolerance=np.nan, within_tolerance=pd.NA,
@@ -302,13 +313,14 @@ class SweepResult:
     seconds: float  # wall-clock time of the sweep
     gemm_peaks: dict  # dtype name -> GFLOP/s, measured at the start
     n_points: int  # points asked for
+    load_average: tuple = (float("nan"), float("nan"))  # 1-min load at the start and end
 
 
 def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
               oracle_limit: int = ORACLE_LIMIT, memory_budget: float | None = None,
               gemm_peaks: dict | None = None, executor: Executor = serial_executor,
               progress: bool = True, with_machine: bool = True,
-              runner: PointRunner | None = None) -> SweepResult:
+              runner: PointRunner | None = None, threads: int | None = None) -> SweepResult:
     """Measure every point; Ctrl-C stops the sweep and keeps the finished rows.
 
     Parameters
@@ -333,34 +345,41 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         Add the :func:`attnbench.machine.machine_columns` to every row.
     runner : PointRunner, optional
         Use this runner (its settings win over the arguments above).
+    threads : int, optional
+        Run with at most this many threads (Numba, the BLAS and OpenMP pools, torch),
+        GEMM peak included; default: as configured.  One thread makes timings on a
+        shared machine far steadier: a parallel call waits for its slowest thread, so
+        one pre-empted worker costs the whole call a scheduler time slice.
 
     Returns
     -------
     SweepResult
     """
     started = time.perf_counter()
-    if gemm_peaks is None:
-        gemm_peaks = {name: gemm_peak_gflops(np.dtype(name))
-                      for name in dict.fromkeys(point.dtype for point in points)}
-    if runner is None:
-        runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
-                             memory_budget=memory_budget, gemm_peaks=gemm_peaks)
+    load_start = _load_average()
     rows, interrupted = [], False
-    bar = _progress_bar(len(points), enabled=progress)
-    # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas and
-    # matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects are not
-    # walked, and nothing allocated before the sweep is garbage the sweep must reclaim.
-    gc.freeze()
-    try:
-        for row in executor(points, runner):
-            rows.append(row)
-            bar.set_postfix_str(_postfix(row), refresh=False)
-            bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        gc.unfreeze()
-        bar.close()
+    with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
+        if gemm_peaks is None:
+            gemm_peaks = {name: gemm_peak_gflops(np.dtype(name))
+                          for name in dict.fromkeys(point.dtype for point in points)}
+        if runner is None:
+            runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
+                                 memory_budget=memory_budget, gemm_peaks=gemm_peaks)
+        bar = _progress_bar(len(points), enabled=progress)
+        # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas
+        # and matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects
+        # are not walked, and nothing made before the sweep is garbage it must reclaim.
+        gc.freeze()
+        try:
+            for row in executor(points, runner):
+                rows.append(row)
+                bar.set_postfix_str(_postfix(row), refresh=False)
+                bar.update(1)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            gc.unfreeze()
+            bar.close()
     table = pd.DataFrame(rows)
     if not table.empty:
         table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
@@ -369,7 +388,45 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
             table[column] = value
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
-                       n_points=len(points))
+                       n_points=len(points), load_average=(load_start, _load_average()))
+
+
+@contextlib.contextmanager
+def limit_threads(threads: int | None, *, torch: bool = False):
+    """At most ``threads`` threads in Numba (this thread's launches), the BLAS and OpenMP
+    pools and, with ``torch=True`` and torch installed, torch; restored on exit."""
+    if threads is None:
+        yield
+        return
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
+        raise ValueError(f"threads must lie in [1, {numba.config.NUMBA_NUM_THREADS}] (Numba's "
+                         f"NUMBA_NUM_THREADS); got {threads}")
+    numba_before = numba.get_num_threads()
+    torch_module = None
+    if torch and peers.peer_status("torch")[0]:
+        import torch as torch_module
+
+        torch_before = torch_module.get_num_threads()
+        torch_module.set_num_threads(threads)
+    numba.set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads):
+            yield
+    finally:
+        numba.set_num_threads(numba_before)
+        if torch_module is not None:
+            torch_module.set_num_threads(torch_before)
+
+
+def _load_average() -> float:
+    """The 1-minute load average (nan where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return float("nan")
 
 
 def _postfix(row: Row) -> str:
@@ -422,7 +479,8 @@ def save_results(result: SweepResult, out_dir, *, extra_meta: dict | None = None
         result.table.to_parquet(written[-1], engine=engine, index=False)
     meta = {"gemm_peak_gflops": result.gemm_peaks, "interrupted": result.interrupted,
             "seconds": result.seconds, "n_points": result.n_points,
-            "n_rows": len(result.table), "machine": machine_record(),
+            "n_rows": len(result.table), "load_average_1m_start": result.load_average[0],
+            "load_average_1m_end": result.load_average[1], "machine": machine_record(),
             "written": [path.name for path in written], **(extra_meta or {})}
     written.append(out_dir / f"{RESULTS_STEM}.json")
     written[-1].write_text(json.dumps(meta, indent=2, default=str) + "\n")

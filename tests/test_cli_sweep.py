@@ -88,7 +88,8 @@ def test_help_of_sweep_and_report(capsys):
     for command, words in (("sweep", ["--L", "--dk", "--heads", "--kv-heads", "--batch",
                                       "--mask", "--dtype", "--backend", "--config", "--grid",
                                       "--out", "--max-time", "Exit status", "torch"]),
-                           ("report", ["FOLDER", "--html", "Nothing is measured again", "Exit status"])):
+                           ("report", ["FOLDER", "--html", "Nothing is measured again",
+                                       "Exit status"])):
         with pytest.raises(SystemExit) as info:
             main([command, "--help"])
         assert info.value.code == 0

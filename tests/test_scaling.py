@@ -103,6 +103,19 @@ VERDICTS = [
     (fit(0.97, 0.1), None, "measured", "closest power: O(L)"),
 ]
 
+UPPER_BOUNDS = [
+    (fit(0.72, 0.12), "confirmed", "→ at most O(L) confirmed"),
+    (fit(1.05, 0.02), "confirmed", "→ at most O(L) confirmed"),
+    (fit(1.3, 0.1), "not confirmed", "grows faster"),
+    (fit(1.0, 0.6), "inconclusive", "95% CI wider"),
+]
+
+
+@pytest.mark.parametrize("the_fit, outcome, words", UPPER_BOUNDS)
+def test_upper_bound_verdicts(the_fit, outcome, words):
+    got_outcome, text = verdict(the_fit, "memory", "L", 1, at_most=True)
+    assert got_outcome == outcome and words in text
+
 
 @pytest.mark.parametrize("the_fit, expected, outcome, words", VERDICTS)
 def test_verdicts_are_computed_from_the_numbers(the_fit, expected, outcome, words):
@@ -150,7 +163,7 @@ def test_scaling_table_reports_time_flops_and_memory_with_verdicts():
         assert time_fit["n_used"] < time_fit["n_points"]  # overhead points left out
         assert fits.loc[("flops", backend), "slope"] == pytest.approx(2.0)
     assert fits.loc[("memory", "numba"), "slope"] == pytest.approx(1.0)
-    assert "O(L) confirmed" in fits.loc[("memory", "numba"), "verdict"]
+    assert "→ at most O(L) confirmed" in fits.loc[("memory", "numba"), "verdict"]
     assert fits.loc[("memory", "reference"), "slope"] == pytest.approx(2.0)
     assert "O(L²) confirmed" in fits.loc[("memory", "reference"), "verdict"]
 
@@ -160,6 +173,7 @@ def test_a_memory_that_grows_quadratically_is_not_confirmed_as_linear():
     table.loc[table["backend"] == "numba", "peak_mem_bytes"] = 40 * table["L"] ** 2
     fits = scaling_table(table, quantities=("memory",)).set_index("backend")
     assert fits.loc["numba", "outcome"] == "not confirmed"
+    assert "at most O(L) not confirmed: grows faster" in fits.loc["numba", "verdict"]
     assert "closest power: O(L²)" in fits.loc["numba", "verdict"]
 
 
@@ -172,3 +186,15 @@ def test_heads_series_hold_the_kv_ratio_fixed():
     (row,) = fits.itertuples()
     assert row.variable == "heads" and row.slope == pytest.approx(1.0)
     assert row.outcome == "confirmed"
+
+
+def test_memory_fits_leave_out_the_fixed_part_the_smallest_call_measures():
+    table = synthetic_sweep()
+    numba = table["backend"] == "numba"
+    table["base_mem_bytes"] = np.where(numba, 500_000, 0)  # e.g. per-thread buffers
+    table["peak_mem_bytes"] += table["base_mem_bytes"]
+    fits = scaling_table(table, quantities=("memory",)).set_index("backend")
+    assert fits.loc["numba", "slope"] == pytest.approx(1.0)
+    raw = table[numba]
+    bent = fit_power_law(raw["L"], raw["peak_mem_bytes"])  # the fixed part bends the line
+    assert bent.slope < 0.9

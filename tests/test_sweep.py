@@ -199,3 +199,15 @@ def test_save_and_load_round_trip(tiny_sweep, tmp_path, monkeypatch, engine):
 def test_loading_a_folder_without_results_says_what_it_looked_for(tmp_path):
     with pytest.raises(FileNotFoundError, match="sweep.parquet or sweep.csv"):
         load_results(tmp_path)
+
+
+def test_threads_are_limited_during_the_sweep_and_restored_after():
+    import numba
+
+    before = numba.get_num_threads()
+    points = expand([Grid(L=(16,), d_k=(4,), heads=(2,), backend=("numba", "numpy"))])
+    table = run_sweep(points, runner=quick_runner(), threads=1, **QUICK).table
+    assert (table["threads"] == 1).all() and (table["status"] == "ok").all()
+    assert numba.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must lie in"):
+        run_sweep(points, runner=quick_runner(), threads=10**6, **QUICK)
