@@ -50,6 +50,7 @@ table { border-collapse: collapse; font-size: 0.82em; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; vertical-align: top; }
 th { background: #f0f0f0; position: sticky; top: 0; }
 td:first-child, th:first-child { text-align: left; }
+table.data td { white-space: nowrap; }
 table.claims td { text-align: left; }
 """
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from .sections import Section
 
@@ -49,6 +50,24 @@ def _length_series(table: pd.DataFrame, keys):
     for key, series in table.groupby(keys, sort=False):
         if series["L"].nunique() >= 2:
             yield dict(zip(keys, key, strict=True)), series.sort_values("L")
+
+
+def _length_axis(ax, lengths) -> None:
+    """Log x axis with a labelled tick at each L of the data, no minor tick labels."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(lengths))))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("sequence length L")
+
+
+def _varying(panel: pd.DataFrame, keys) -> dict:
+    """Values of each key over the series of ``panel`` that are drawn (two or more L)."""
+    drawn = [series for _, series in _length_series(panel, keys)]
+    if not drawn:
+        return {}
+    drawn = pd.concat(drawn)
+    return {name: drawn[name].unique() for name in keys}
 
 
 def _series_label(fixed: dict, varying: dict) -> str:
@@ -83,7 +102,7 @@ def time_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Fig
     axes = fig.subplots(1, len(masks), squeeze=False)[0]
     for ax, mask in zip(axes, masks, strict=True):
         panel = data[data["mask"] == mask]
-        varying = {name: panel[name].unique() for name in SERIES_KEYS}
+        varying = _varying(panel, SERIES_KEYS)
         used_all = []
         for fixed, series in _length_series(panel, SERIES_KEYS):
             color = _color(fixed["backend"])
@@ -104,9 +123,9 @@ def time_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Fig
             else:
                 ax.plot(x, y, ":", color=color, label=label + " (no fit)")
         _l2_guide(ax, pd.concat(used_all) if used_all else panel, "median_ms", 2, "∝ L²")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="median time (ms)",
-               title=f"mask: {mask}")
-        ax.legend(fontsize="small")
+        ax.set(yscale="log", ylabel="median time (ms)", title=f"mask: {mask}")
+        _length_axis(ax, panel["L"])
+        ax.legend(fontsize="small", loc="upper left")
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
@@ -133,7 +152,7 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict) -> Figure | None:
     axes = fig.subplots(1, len(masks), squeeze=False, sharey=True)[0]
     for ax, mask in zip(axes, masks, strict=True):
         panel = data[data["mask"] == mask]
-        varying = {name: panel[name].unique() for name in SERIES_KEYS}
+        varying = _varying(panel, SERIES_KEYS)
         for fixed, series in _length_series(panel, SERIES_KEYS):
             ax.plot(series["L"], series["gflops"], "o-", color=_color(fixed["backend"]),
                     label=_series_label(fixed, varying))
@@ -142,9 +161,9 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict) -> Figure | None:
             if peak:
                 ax.axhline(peak, color="black", linestyle=style,
                            label=f"{dtype} GEMM peak {peak:.0f} GFLOP/s")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="GFLOP/s",
-               title=f"mask: {mask}")
-        ax.legend(fontsize="small")
+        ax.set(yscale="log", ylabel="GFLOP/s", title=f"mask: {mask}")
+        _length_axis(ax, panel["L"])
+        ax.legend(fontsize="small", loc="best")
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
@@ -172,8 +191,8 @@ def error_by_backend(table: pd.DataFrame) -> Figure | None:
         tolerance = panel.groupby("L")["tolerance"].max()
         ax.plot(tolerance.index, tolerance.to_numpy(), "k_", markersize=18, mew=2,
                 label="tolerance (largest per L)")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length L",
-               ylabel="max |error| against the oracle", title=dtype)
+        ax.set(yscale="log", ylabel="max |error| against the oracle", title=dtype)
+        _length_axis(ax, panel["L"])
         ax.legend(fontsize="x-small", ncol=2)
         ax.grid(True, which="both", alpha=0.3)
     return fig
@@ -209,9 +228,9 @@ def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> F
             ax.plot(xs, fit.predict(xs) / 2**20, linestyle, color=color, alpha=0.5)
         ax.plot(series["L"], series["_growth"] / 2**20, MARKERS.get(fixed["mask"], "o"),
                 color=color, linestyle="none", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length L",
-           ylabel="peak extra memory − smallest call's (MiB)")
-    ax.legend(fontsize="x-small")
+    ax.set(yscale="log", ylabel="peak extra memory − smallest call's (MiB)")
+    _length_axis(ax, data["L"])
+    ax.legend(fontsize="x-small", loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
     return fig
 

@@ -341,7 +341,8 @@ def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
                 plots.time_vs_length(table, fits))]
     memory = plots.memory_vs_length(table, fits)
     if memory is not None:
-        figures.append(("Peak extra memory of one call against L", memory))
+        figures.append(("Memory that grows with L: the peak extra memory of one call minus "
+                        "the backend's smallest call's, log-log, with the fitted slopes", memory))
     return [Section(title="Scaling", text=text, tables=[("Fits", shown)], figures=figures)]
 
 
@@ -357,6 +358,9 @@ def _load_text(meta: dict) -> str:
         text += (" The machine was busy: other processes pre-empt the timed threads, which "
                  "inflates times and makes them jump in steps of the scheduler's time slice "
                  "(see the IQR columns); fits can then come out inconclusive or off.")
+        if not meta.get("threads"):
+            text += (" On a shared machine, --threads 1 (attnbench run or sweep) gives "
+                     "steadier fits: a one-thread call never waits for a pre-empted worker.")
     return text
 
 
