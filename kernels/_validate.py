@@ -1,18 +1,19 @@
 """Argument checking and normalisation for :func:`kernels.attention`.
 
 Every backend receives an :class:`AttentionProblem`: contiguous 4-D arrays of
-one floating dtype, a mask already turned into an additive float array whose
-``-inf`` entries mean "not visible", key lengths as ``int64`` and the causal
-alignment as a single integer offset.  All user-facing errors are raised here,
-before any kernel runs, so no backend ever sees an argument it could
-misinterpret (and no user ever sees a Numba typing traceback).
+one floating dtype, a mask as an additive float array whose ``-inf`` entries mean
+"not visible" (a bool mask is kept as given in ``bool_mask``, for backends that read
+it directly, and turned into the additive form only when ``mask`` is first read), key
+lengths as ``int64`` and the causal alignment as a single integer offset.  All
+user-facing errors are raised here, before any kernel runs, so no backend ever sees an
+argument it could misinterpret (and no user ever sees a Numba typing traceback).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,12 +37,32 @@ class AttentionProblem:
     batch_shape: tuple  # the caller's leading dims, restored on output
     had_head_dim: bool  # False for 2-D (L, D) inputs
     mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm) additive in q.dtype, dims 1 or full; -inf hides
+    # (a bool mask may be passed as ``mask``: it is moved to ``bool_mask`` and the additive
+    # form is built on the first read of ``mask``, see __post_init__ and __getattr__)
     key_lengths: np.ndarray | None  # (B,) int64 in [0, Lk]
     causal_offset: int | None  # query i sees keys j <= i + offset; None = not causal
     scale: float  # multiplies q . k
     dropout_p: float  # probability of dropping an attention weight, in [0, 1)
     seed: int  # dropout seed in [0, 2**32)
     return_weights: bool
+    bool_mask: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    # (Bm, Hm, Lqm, Lkm) bool, True = attend, when the mask was given as bool; else None
+
+    def __post_init__(self):
+        given = self.__dict__["mask"]
+        if given is not None and given.dtype == np.bool_:
+            # Converting an L x L bool mask costs more than some kernels take to read it:
+            # keep it, and leave ``mask`` unset until a backend asks for it.
+            object.__setattr__(self, "bool_mask", given)
+            del self.__dict__["mask"]
+
+    def __getattr__(self, name):
+        # Reached only when ``name`` is not set: ``mask`` of a bool-mask problem, first read.
+        if name == "mask" and self.__dict__.get("bool_mask") is not None:
+            additive = _additive(self.bool_mask, self.q.dtype)
+            object.__setattr__(self, "mask", additive)
+            return additive
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def dtype(self) -> np.dtype:
@@ -80,7 +101,9 @@ class AttentionProblem:
             vis &= j <= i + self.causal_offset
         if self.key_lengths is not None:
             vis &= j[None, None] < self.key_lengths[:, None, None, None]
-        if self.mask is not None:
+        if self.bool_mask is not None:
+            vis &= self.bool_mask
+        elif self.mask is not None:
             vis &= self.mask != -np.inf
         return vis
 
@@ -173,8 +196,17 @@ def _to_4d(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def _additive(bool_mask: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The additive form of a bool mask: 0 where True (attend), -inf where False."""
+    return np.where(bool_mask, dtype.type(0), dtype.type(-np.inf))
+
+
 def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-    """Turn a bool/float mask broadcastable to ``full_shape`` into a 4-D additive mask."""
+    """Turn a mask broadcastable to ``full_shape`` into a 4-D mask: bool, or additive in dtype.
+
+    A bool mask stays bool (True = attend); :class:`AttentionProblem` builds its additive
+    form when a backend reads ``mask``.  A float mask is cast to ``dtype``.
+    """
     if mask is None:
         return None
     mask = np.asarray(mask)
@@ -204,10 +236,8 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         batch_full = tuple(full_shape[:-3])
         mask = np.broadcast_to(mask, batch_full + tail).reshape((math.prod(batch_full),) + tail)
     if mask.dtype == np.bool_:
-        additive = np.where(mask, dtype.type(0), dtype.type(-np.inf))
-    else:
-        additive = mask.astype(dtype, copy=False)
-    return np.ascontiguousarray(additive, dtype=dtype)
+        return np.ascontiguousarray(mask)
+    return np.ascontiguousarray(mask, dtype=dtype)
 
 
 def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray | None:
