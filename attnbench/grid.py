@@ -35,8 +35,9 @@ from pathlib import Path
 __all__ = ["BACKENDS", "DEFAULTS", "DTYPES", "GRIDS", "MASK_KINDS", "Grid", "Point",
            "expand", "grid_from_mapping", "load_grid_file"]
 
-#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.peers`).
-BACKENDS = ("numba", "reference", "cuda", "numpy", "torch")
+#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.peers`), and
+#: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.cuda_timing`).
+BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 
 #: Mask kinds of a sweep point (all self-attention, Lq = Lk = L).
 MASK_KINDS = (

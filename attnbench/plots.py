@@ -31,7 +31,7 @@ __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatm
 
 #: One colour per backend, the same in every figure.
 COLORS = {"numba": "tab:blue", "reference": "tab:red", "numpy": "tab:green",
-          "torch": "tab:orange", "cuda": "tab:purple"}
+          "torch": "tab:orange", "cuda": "tab:purple", "torch-cuda": "tab:brown"}
 MARKERS = {"none": "o", "causal": "^", "padding": "s", "bool": "D"}
 #: Parameters that, besides L, tell one series of a sweep from another.
 SERIES_KEYS = ["backend", "d_k", "heads", "kv_heads", "batch", "dtype"]
@@ -141,8 +141,10 @@ def _l2_guide(ax, data: pd.DataFrame, column: str, power: float, label: str) -> 
     ax.plot(xs, y0 * (xs / x0) ** power, "--", color="gray", label=label)
 
 
-def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict) -> Figure | None:
-    """GFLOP/s against L per backend and mask kind, with the GEMM peak of the same run."""
+def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict, *,
+                      peak_label: str = "GEMM peak") -> Figure | None:
+    """GFLOP/s against L per backend and mask kind, with the GEMM peak of the same run
+    (or another reference line per dtype, named by ``peak_label``)."""
     data = _ok(table)
     masks = [m for m in dict.fromkeys(data["mask"])
              if data[data["mask"] == m]["L"].nunique() >= 2]
@@ -160,7 +162,7 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict) -> Figure | None:
             peak = gemm_peaks.get(dtype)
             if peak:
                 ax.axhline(peak, color="black", linestyle=style,
-                           label=f"{dtype} GEMM peak {peak:.0f} GFLOP/s")
+                           label=f"{dtype} {peak_label} {peak:.0f} GFLOP/s")
         ax.set(yscale="log", ylabel="GFLOP/s", title=f"mask: {mask}")
         _length_axis(ax, panel["L"])
         ax.legend(fontsize="small", loc="best")

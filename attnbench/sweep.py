@@ -77,13 +77,18 @@ NUMPY_BYTES_PER_SCORE_PER_ITEM = 3
 ORACLE_LIMIT = 2**22
 
 Row = dict
+#: Backends that run on a GPU: timed with CUDA events on device-resident inputs
+#: (:mod:`attnbench.cuda_timing`), host<->device copies timed apart.
+GPU_BACKENDS = ("cuda", "torch-cuda")
+#: Where the GEMM peak of CPU rows comes from (GPU rows say their own).
+CPU_PEAK_SOURCE = "measured: numpy matmul n=1024 on this host"
 #: Columns of a sweep table, in order (then the machine columns).
 COLUMNS = (
     "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status", "reason",
     "flops", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "calls", "gflops",
-    "gemm_peak_gflops", "pct_of_gemm_peak", "threads", "call_overhead_ms", "peak_mem_bytes",
-    "base_mem_bytes", "memory_method", "max_abs_err", "tolerance", "within_tolerance", "oracle",
-    "point_seconds",
+    "gemm_peak_gflops", "pct_of_gemm_peak", "peak_source", "threads", "call_overhead_ms",
+    "peak_mem_bytes", "base_mem_bytes", "memory_method", "max_abs_err", "tolerance",
+    "within_tolerance", "oracle", "point_seconds", "device",
 )
 RunPoint = Callable[[Point], Row]
 Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
@@ -147,9 +152,11 @@ class PointRunner:
     memory_budget: float | None = None  # bytes a point may need; None: half of MemAvailable
     gemm_peaks: dict = field(default_factory=dict)  # dtype name -> GFLOP/s
     settle: float = SETTLE_SECONDS
+    allow_simulator: bool = False  # run cuda points in Numba's CUDA simulator (tiny grids only)
     _oracles: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _overheads: dict = field(default_factory=dict, repr=False)
     _last_backend: str | None = field(default=None, repr=False)
+    _inputs: tuple | None = field(default=None, repr=False)  # (point, q, k, v, kwargs)
 
     def __post_init__(self):
         if self.memory_budget is None:
@@ -163,12 +170,13 @@ class PointRunner:
         if point.heads % point.kv_heads:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
-        if point.backend == "cuda":
-            from kernels._backends import cuda_status, has_real_gpu
+        if point.backend in GPU_BACKENDS:
+            from . import cuda_timing
 
-            if not has_real_gpu():
-                return ("skipped: cuda runs only on a real GPU in a sweep (Numba's CUDA "
-                        f"simulator is far too slow); here: {cuda_status()[1]}")
+            usable, why = cuda_timing.backend_status(point.backend,
+                                                     allow_simulator=self.allow_simulator)
+            if not usable:
+                return f"skipped: {why}"
         if point.backend in peers.PEERS:
             usable, why = peers.peer_status(point.backend)
             if not usable:
@@ -252,33 +260,62 @@ class PointRunner:
         return self._oracles[key]
 
     def __call__(self, point: Point) -> Row:
+        """The point's row: :meth:`time_point`, then :meth:`check_point`."""
+        row, out = self.time_point(point)
+        return self.check_point(point, row, out)
+
+    # The two phases of a point.  The serial executor runs them back to back; the Dask
+    # executor (attnbench.cluster) runs the first under the host's timing slot and the
+    # second anywhere, so that checks may overlap timings but timings never overlap.
+
+    def time_point(self, point: Point) -> tuple[Row, object]:
+        """Phase 1: run and time the point; ``(row without the error, checked output)``.
+
+        Never raises for the point's own failures: the row says ``failed`` (output None) or
+        ``skipped`` with the reason.
+        """
         started = time.perf_counter()
         row = {**point.as_dict(), "flops": np.nan, "status": "ok", "reason": ""}
         skip = self.skip_reason(point)
         if skip:
-            return {**row, "status": "skipped", "reason": skip}
+            return {**row, "status": "skipped", "reason": skip}, None
+        out = None
         try:
-            row.update(self._measure(point))
+            result, out = self._time(point)
+            row.update(result)
         except Exception as exc:  # MemoryError included: the row records it, the sweep goes on
             row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
         row["point_seconds"] = time.perf_counter() - started
+        return row, out
+
+    def check_point(self, point: Point, row: Row, out) -> Row:
+        """Phase 2: the error of ``out`` against the oracle, added to ``row`` (if it is ok)."""
+        if row["status"] != "ok":
+            return row
+        started = time.perf_counter()
+        try:
+            row.update(self._check(point, out))
+        except Exception as exc:
+            row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        row["point_seconds"] = row.get("point_seconds", 0.0) + time.perf_counter() - started
         return row
 
-    def _measure(self, point: Point) -> dict:
+    def _time(self, point: Point) -> tuple[dict, object]:
         if point.backend != self._last_backend:
             time.sleep(self.settle)  # the previous backend's worker threads go idle
             self._last_backend = point.backend
         q, k, v, kwargs = make_inputs(point)
+        self._inputs = (point, q, k, v, kwargs)  # for _check, right after, in this process
         B, H, L, D = point.batch, point.heads, point.L, point.d_k
         flops = attention_flops(B, H, L, L, D, causal=kwargs.get("causal", False),
                                 key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"))
+        if point.backend in GPU_BACKENDS:
+            return self._time_on_gpu(point, flops, q, k, v, kwargs)
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
         timing = measure(call, warmup=1, repeat=7, min_time=1e-3, max_time=self.max_time)
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
-        if point.backend == "cuda":
-            memory_method = "tracemalloc, host only (device memory not seen)"
         result = {
             "flops": flops,
             "median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
@@ -286,22 +323,51 @@ class PointRunner:
             "runs": timing.runs, "calls": timing.calls, "gflops": gflops(flops, timing.median),
         }
         peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
-        result.update(gemm_peak_gflops=peak_gemm,
+        result.update(gemm_peak_gflops=peak_gemm, peak_source=CPU_PEAK_SOURCE,
                       pct_of_gemm_peak=100 * result["gflops"] / peak_gemm,
                       threads=self.threads(point.backend),
                       call_overhead_ms=self.smallest_call(point)[0] * 1e3,
                       peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],
-                      memory_method=memory_method)
+                      memory_method=memory_method, device="cpu")
+        return result, out
+
+    def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
+        """cuda and torch-cuda: device-resident inputs, CUDA events (attnbench.cuda_timing)."""
+        from . import cuda_timing
+
+        timed = cuda_timing.time_attention(point.backend, q, k, v, kwargs,
+                                           max_time=self.max_time)
+        peak = cuda_timing.device_peak_gflops(point.dtype)
+        result = {
+            "flops": flops,
+            "median_ms": timed.kernel.median * 1e3, "q25_ms": timed.kernel.q25 * 1e3,
+            "q75_ms": timed.kernel.q75 * 1e3, "iqr_ms": timed.kernel.iqr * 1e3,
+            "min_ms": timed.kernel.min * 1e3, "runs": timed.kernel.runs,
+            "calls": timed.kernel.calls, "gflops": gflops(flops, timed.kernel.median),
+            "gemm_peak_gflops": peak.gflops, "peak_source": peak.source,
+            "threads": None, "call_overhead_ms": np.nan,
+            "peak_mem_bytes": timed.device_bytes, "base_mem_bytes": np.nan,
+            "memory_method": "device arrays allocated (inputs, output, mask)",
+            **timed.columns(),
+        }
+        result["pct_of_gemm_peak"] = 100 * result["gflops"] / peak.gflops
+        return result, timed.out
+
+    def _check(self, point: Point, out) -> dict:
+        """Error of ``out`` against the oracle (or why the oracle was skipped)."""
         oracle_skip = self.oracle_skip_reason(point)
         if oracle_skip:
-            result.update(max_abs_err=np.nan, tolerance=np.nan, within_tolerance=pd.NA,
-                          oracle=oracle_skip)
-        else:
-            exact, tol = self._oracle(point, q, k, v, kwargs)
-            error = max_abs_error(np.asarray(out).reshape(exact.shape), exact)
-            result.update(max_abs_err=error, tolerance=tol, within_tolerance=error <= tol,
-                          oracle=oracle_dtype(point.dtype).name)
-        return result
+            return dict(max_abs_err=np.nan, tolerance=np.nan, within_tolerance=pd.NA,
+                        oracle=oracle_skip)
+        if self._inputs is not None and self._inputs[0] == point:
+            _, q, k, v, kwargs = self._inputs
+        else:  # checked in another process than it was timed (the Dask executor)
+            q, k, v, kwargs = make_inputs(point)
+        self._inputs = None
+        exact, tol = self._oracle(point, q, k, v, kwargs)
+        error = max_abs_error(np.asarray(out).reshape(exact.shape), exact)
+        return dict(max_abs_err=error, tolerance=tol, within_tolerance=error <= tol,
+                    oracle=oracle_dtype(point.dtype).name)
 
 
 @dataclass
@@ -384,8 +450,9 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     if not table.empty:
         table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
     if with_machine and not table.empty:
+        # Rows measured elsewhere (a Dask worker) bring their host's columns; keep them.
         for column, value in machine_columns().items():
-            table[column] = value
+            table[column] = table[column].fillna(value) if column in table else value
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, _load_average()))

@@ -337,9 +337,17 @@ def _launch(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     ``problem.q``, ``.k`` and ``.v`` are only read for their shapes and dtype (they may be
     zero-memory stand-ins); ``q``, ``k``, ``v``, ``out`` and ``weights`` are device arrays.
     """
+    launch = _launcher(problem, q, k, v, out, weights, stream=stream, block_q=block_q,
+                       block_k=block_k)
+    launch()
+
+
+def _launcher(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
+              block_q=None, block_k=None):
+    """:func:`_launch` in two steps: copy the mask and key lengths now, launch when called."""
     B, H, _, Lq, _, D, Dv = problem.shape
     if B * H * Lq == 0:
-        return
+        return lambda: None
     dtype = problem.dtype
     block_q = min(block_q or BLOCK_Q, Lq)
     block_k = _keys_per_tile(block_k or BLOCK_K, block_q, D, Dv, dtype.itemsize)
@@ -352,7 +360,8 @@ def _launch(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     lengths_dev = cuda.to_device(problem.key_lengths_or_full(), stream=stream)  # (B,)
     mask_sb, mask_sh, mask_si, mask_sj = problem.mask_strides()
     ftype = dtype.type
-    _kernel(dtype)[n_blocks, block_q, stream, shared_bytes](
+    kernel = _kernel(dtype)
+    args = (
         q, k, v,
         mask_dev, mask_sb, mask_sh, mask_si, mask_sj, has_mask,
         lengths_dev, problem.causal_offset is not None, problem.causal_offset or 0,
@@ -361,6 +370,8 @@ def _launch(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
         out, weights, problem.return_weights,
         block_k,
     )
+    # Configured at each launch: the simulator's kernel object keeps its configuration.
+    return lambda: kernel[n_blocks, block_q, stream, shared_bytes](*args)
 
 
 def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int | None = None):
@@ -528,3 +539,32 @@ def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scal
         weights = cuda.device_array(weights_shape, dtype=dtype, stream=stream)
         _launch(problem, q, k, v, out, weights, stream=stream)
         return (out, weights) if return_weights else out
+
+
+def prepare_launch(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
+                   dropout_p=0.0, seed=None, out=None, stream=0):
+    """Validate once and copy the mask and key lengths once; return ``(launch, out)``.
+
+    ``launch()`` then only launches the kernel on the device arrays (asynchronously, on
+    ``stream``): no validation, no allocation, no copy.  This is what a benchmark times
+    with CUDA events (:mod:`attnbench.cuda_timing`); :func:`attention_device` is the same
+    computation as one call.  Arguments are those of :func:`attention_device` (no
+    ``return_weights``).
+    """
+    with _simulator_lock:
+        q, k, v = (_as_device_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+        problem = _device_problem(
+            q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
+            dropout_p=dropout_p, seed=seed, return_weights=False,
+        )
+        check_supported(problem)
+        B, H, _, Lq, _, _, Dv = problem.shape
+        out = _check_out(out, (B, H, Lq, Dv), problem.dtype, stream)  # (B, H, Lq, Dv)
+        weights = cuda.device_array((1, 1, 1, 1), dtype=problem.dtype, stream=stream)
+        launch = _launcher(problem, q, k, v, out, weights, stream=stream)
+
+    def locked_launch():
+        with _simulator_lock:
+            launch()
+
+    return (locked_launch if SIMULATOR else launch), out
