@@ -170,10 +170,12 @@ def _add_sweep(subparsers) -> None:
             "formula) and torch (PyTorch SDPA on the CPU); one that cannot run here, or a "
             "point that would need more memory than the budget, is recorded as skipped "
             "with the reason. Writes OUT/sweep.csv, sweep.parquet (if pyarrow or "
-            "fastparquet is installed), sweep.json and scaling.csv; 'attnbench report OUT' "
-            "renders them. Exit status: 0 if every point ran or was skipped and agrees with "
-            "the oracle, 1 if one failed or is outside the tolerance, 2 for a bad grid, "
-            "130 on Ctrl-C (the finished points are written)."),
+            "fastparquet is installed), sweep.json and scaling.csv, and appends each point "
+            "to OUT/sweep.jsonl as it finishes (--resume goes on from there); 'attnbench "
+            "report OUT' renders them. Exit status: 0 if every point ran or was skipped and "
+            "agrees with "
+            "the oracle, 1 if one failed or is outside the tolerance, 2 for a bad grid or "
+            "cluster, 130 on Ctrl-C (the finished points are written)."),
     )
     grid = parser.add_argument_group("grid (flags)")
     for flag, dest, kwargs in (
@@ -219,7 +221,27 @@ def _add_sweep(subparsers) -> None:
                              "(default: all)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr")
+    parser.add_argument("--cluster", metavar="SPEC", type=_cluster_spec,
+                        help="run the points on Dask (pip install 'attnbench[cluster]'): "
+                             "local:N starts N worker processes here (on 127.0.0.1, no "
+                             "dashboard); tcp://HOST:PORT uses a running scheduler whose hosts "
+                             "each have one worker started with --resources timing=1. "
+                             "One timing at a time per host; the error checks run beside "
+                             "them. Default: in this process")
+    parser.add_argument("--resume", action="store_true",
+                        help="run only the points not done in OUT/sweep.jsonl (the journal "
+                             "every sweep appends each finished point to; failed points "
+                             "run again); without it a sweep starts a new journal")
     parser.set_defaults(handler=_sweep)
+
+
+def _cluster_spec(text: str):
+    from .cluster import parse_cluster
+
+    try:
+        return parse_cluster(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _sweep(args) -> int:

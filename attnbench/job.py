@@ -74,6 +74,8 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     print("Scaling (least squares on log-log axes, 95% CI):", file=file)
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
+        if "group" in measured:  # results of several hosts: say which
+            fixed = f"{row.group}: {fixed}"
         print(f"  [{fixed}] {row.verdict}", file=file)
 
 
@@ -108,8 +110,17 @@ def grids_from_args(args) -> list[Grid]:
 
 
 def sweep_command(args) -> int:
-    """``attnbench sweep``: run a grid, print and save the table and the fits."""
+    """``attnbench sweep``: run a grid, print and save the table and the fits.
+
+    Every finished point is appended to ``OUT/sweep.jsonl`` at once
+    (:mod:`attnbench.journal`); ``--resume`` runs only the points not done there.
+    ``--cluster`` runs the points on Dask (:mod:`attnbench.cluster`) instead of here.
+    """
+    import contextlib
+
+    from .journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
     from .scaling import scaling_table
+    from .sweep import serial_executor
 
     try:
         grids = grids_from_args(args)
@@ -117,25 +128,79 @@ def sweep_command(args) -> int:
         print(f"attnbench sweep: error: {exc}", file=sys.stderr)
         return 2
     points = expand(grids)
+    out = Path(args.out)
+    cluster = getattr(args, "cluster", None)
+    resume = getattr(args, "resume", False)
+    journal_path = out / JOURNAL_NAME
+    memory_budget = None if args.memory_budget is None else args.memory_budget * 2**30
     print(f"Sweep: {points_summary(points)}; results in {args.out}", flush=True)
-    result = run_sweep(points, max_time=args.max_time, oracle_limit=args.oracle_limit,
-                       memory_budget=None if args.memory_budget is None
-                       else args.memory_budget * 2**30, progress=not args.no_progress,
-                       threads=args.threads)
-    written = save_results(result, args.out, extra_meta={"threads": args.threads})
+    done = {}
+    if resume:
+        found = load_journal(journal_path)
+        wanted = {point_key(point) for point in points}
+        done = {key: row for key, row in found.done().items() if key in wanted}
+        print(f"Resume: {len(done)} of {len(points)} points are done in {journal_path}; "
+              f"running the other {len(points) - len(done)}"
+              + (f" ({found.unreadable_lines} unreadable line(s) ignored)"
+                 if found.unreadable_lines else ""), flush=True)
+    settings = {"max_time": args.max_time, "oracle_limit": args.oracle_limit,
+                "memory_budget": memory_budget, "threads": args.threads,
+                "cluster": str(cluster) if cluster else None}
+    with contextlib.ExitStack() as stack:
+        executor, gemm_peaks, threads = serial_executor, None, args.threads
+        if cluster and len(done) < len(points):
+            from .cluster import DaskExecutor
+
+            try:
+                executor = stack.enter_context(DaskExecutor(
+                    cluster, threads=args.threads, memory_budget=memory_budget))
+            except (RuntimeError, ValueError, OSError) as exc:
+                print(f"attnbench sweep: error: {exc}", file=sys.stderr)
+                return 2
+            print(executor.describe(), flush=True)
+            # Each worker measures its own host's GEMM peak, on the sweep's threads.
+            gemm_peaks, threads = {}, None
+        journal = stack.enter_context(Journal(journal_path, resume=resume, settings=settings))
+        result = run_sweep(points, max_time=args.max_time, oracle_limit=args.oracle_limit,
+                           memory_budget=memory_budget, progress=not args.no_progress,
+                           threads=threads, gemm_peaks=gemm_peaks,
+                           executor=journaled(executor, journal, done))
+    result.table = _in_point_order(result.table, points)
+    from .hosts import host_peaks
+
+    by_host = host_peaks(result.table)
+    if len(by_host) == 1 and not result.gemm_peaks:
+        result.gemm_peaks = next(iter(by_host.values()))
+    written = save_results(result, args.out, extra_meta={
+        "threads": args.threads, "cluster": settings["cluster"], "resumed_points": len(done),
+        "journal": JOURNAL_NAME, "gemm_peak_gflops_by_host": by_host,
+        "machines": load_journal(journal_path).machines})
     if not result.table.empty:
         print(format_points(result.table))
     if result.interrupted:
         print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "
-              f"{', '.join(map(str, written))}.")
+              f"{', '.join(map(str, written))} (and {journal_path}: --resume goes on).")
         return EXIT_INTERRUPTED
-    fits = scaling_table(result.table)
-    fits.to_csv(Path(args.out) / "scaling.csv", index=False)
+    from .hosts import scaling_by_group
+
+    fits = scaling_by_group(result.table, scaling_table)
+    fits.to_csv(out / "scaling.csv", index=False)
     print()
     print_verdicts(fits)
     print(f"\nWrote {', '.join(map(str, written))} and scaling.csv in {result.seconds:.1f} s. "
           f"'attnbench report {args.out}' makes the HTML report.")
     return _status_of_sweep(result.table)
+
+
+def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
+    """The rows in the order of ``points`` (executors may finish them in any order)."""
+    if table.empty or "point_key" not in table:
+        return table
+    from .journal import point_key
+
+    order = {point_key(point): index for index, point in enumerate(points)}
+    rank = table["point_key"].map(order)
+    return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
 
 
 # --- attnbench run ---------------------------------------------------------------------------

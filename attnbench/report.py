@@ -7,7 +7,9 @@ anything again:
 - ``agreement.csv`` (``run``'s agreement check) -> the agreement section;
 - ``sweep.parquet`` or ``sweep.csv`` with ``sweep.json`` -> the sweep section and the
   scaling section (the fits are recomputed from the saved rows: fitting is arithmetic,
-  not measuring);
+  not measuring); with rows from several hosts or devices (:mod:`attnbench.hosts`), a
+  hosts section and a sweep and a scaling section per host and device
+  (:func:`sweep_sections`);
 - ``sections/`` -> the sections saved as they were computed (the attention heat maps,
   the softmax-stability study, parameter arithmetic, the claims ledger), in order;
 - ``machine.json`` / ``sweep.json`` -> the machine record, last.
@@ -24,11 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import html_report, plots, scaling, sweep
+from . import hosts, html_report, plots, scaling, sweep
 from .sections import Section
 
 __all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
-           "machine_section", "sweep_section"]
+           "machine_section", "sweep_section", "sweep_sections"]
 
 REPORT_NAME = "report.html"
 SECTIONS_DIR = "sections"
@@ -60,7 +62,8 @@ def agreement_section(table: pd.DataFrame) -> Section:
 REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status",
                   "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
                   "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
-                  "oracle")
+                  "oracle", "h2d_ms", "d2h_ms", "host_call_ms", "launch_overhead_us",
+                  "timing_method")
 
 
 def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
@@ -87,6 +90,7 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         + ". Error: max |output − oracle| (the reference formula in float64, or in extended "
         "precision for float64 inputs), against the tolerance 2 × the error of the same "
         "formula in the input dtype + 4 ulps."
+        + _gpu_text(table)
     )
     shown = table[[column for column in REPORT_COLUMNS if column in table]]
     tables = [("Sweep results, one row per point (the reasons of the points not ok are above)"
@@ -105,7 +109,9 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                                  f"{r.max_abs_err:.3g} > {r.tolerance:.3g}"
                                  for r in outside.itertuples()))
     figures = []
-    gflops_figure = plots.gflops_by_backend(table, peaks)
+    gpu = bool(hosts.device_of(table).ne("cpu").all()) if not table.empty else False
+    gflops_figure = plots.gflops_by_backend(table, peaks,
+                                            peak_label="device peak" if gpu else "GEMM peak")
     if gflops_figure is not None:
         figures.append(("GFLOP/s by backend against L, with the GEMM peak of the same run",
                         gflops_figure))
@@ -114,6 +120,48 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
                         error_figure))
     return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def _gpu_text(table: pd.DataFrame) -> str:
+    """How GPU points were timed, and their reference line, if the table has any."""
+    if "timing_method" not in table:
+        return ""
+    gpu = table[hosts.device_of(table) != "cpu"]
+    methods = [m for m in dict.fromkeys(gpu["timing_method"].dropna()) if m]
+    if gpu.empty or not methods:
+        return ""
+    sources = [s for s in dict.fromkeys(gpu.get("peak_source", pd.Series(dtype=object))
+                                        .dropna()) if s]
+    return ("\n\nGPU points (attnbench.cuda_timing): inputs copied to the device once, the "
+            "kernel timed alone on device arrays (" + "; ".join(methods) + "); host → device "
+            "(h2d_ms, q, k and v) and device → host (d2h_ms, the output) copies timed apart; "
+            "host_call_ms is the whole NumPy-in NumPy-out call. Peak of the device: "
+            + ("; ".join(sources) or "n/a") + ".")
+
+
+def sweep_sections(table: pd.DataFrame, meta: dict | None = None) -> list[Section]:
+    """The sweep and scaling sections; per host and device when there are several.
+
+    One group (:func:`attnbench.hosts.groups`): :func:`sweep_section` and the scaling
+    section of the whole table.  Several: :func:`attnbench.hosts.hosts_section`, then for
+    each group its own sweep and scaling sections (titles and anchors name the group),
+    each plotted against its own peak.
+    """
+    meta = meta or {}
+    parts = hosts.groups(table)
+    if len(parts) <= 1:
+        return [sweep_section(table, meta), *scaling.section(table, meta=meta)]
+    peaks = hosts.host_peaks(table)
+    sections = [hosts.hosts_section(table)]
+    for number, (label, rows) in enumerate(parts, start=1):
+        group_meta = {key: value for key, value in meta.items()
+                      if key not in ("n_points", "gemm_peak_gflops")}
+        group_meta["gemm_peak_gflops"] = peaks.get(label, {})
+        for section in [sweep_section(rows, group_meta), *scaling.section(rows, meta=group_meta)]:
+            section.title = f"{section.title}: {label}"
+            section.anchor = f"{section.slug()}-{number}"
+            sections.append(section)
+    return sections
 
 
 def machine_section(record: dict, extra: dict | None = None) -> Section:
@@ -150,8 +198,7 @@ def collect_sections(folder) -> list[Section]:
     except FileNotFoundError:
         table = None
     if table is not None and not table.empty:
-        sections.append(sweep_section(table, meta))
-        sections += scaling.section(table, meta=meta)
+        sections += sweep_sections(table, meta)
     sections += html_report.load_sections(folder / SECTIONS_DIR)
     if not sections:
         raise FileNotFoundError(
