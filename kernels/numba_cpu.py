@@ -50,13 +50,17 @@ from ._validate import AttentionProblem
 
 #: Query rows per parallel task: K and V tiles are reused across these rows.
 BLOCK_Q = 256
+#: Smallest query block: smaller problems get smaller blocks, down to this, until each
+#: thread has two tasks (see ``block_rows``).
+MIN_BLOCK_Q = 32
 #: Keys per tile of the online softmax.
 BLOCK_K = 256
 #: Keys per tile where a tile crosses the causal diagonal (less of the triangle wasted).
 BLOCK_K_DIAGONAL = 64
 #: Problems with fewer multiply-adds than this (B·H·Lq·Lk·(D+Dv)) run on the calling
-#: thread: starting the thread pool costs more than it saves.
-SERIAL_WORK_LIMIT = 1 << 22
+#: thread: starting the thread pool costs more than it saves (measured: ~7 us per launch;
+#: 2 threads win from ~2**20 on when there are tasks for both).
+SERIAL_WORK_LIMIT = 1 << 20
 
 #: True when Numba's ``np.dot`` can call a BLAS (it needs SciPy's ``cython_blas``).
 HAVE_BLAS = importlib.util.find_spec("scipy") is not None
@@ -324,9 +328,11 @@ def _values_by_blas(p, v_tile, o):
     np.dot(p, v_tile, o)
 
 
-#: The two products the kernels use, by whether a BLAS is available.  They are passed to
-#: the kernels as arguments, so each choice is compiled (and cached) separately.
-PRODUCTS = {True: (_scores_by_blas, _values_by_blas), False: (_scores_by_loops, _values_by_loops)}
+# The kernels take an argument ``blas``: True for the BLAS, None for the loops.  Numba
+# prunes a branch on ``blas is None`` before typing when ``blas`` is None, so the
+# loops-only kernel compiles (and runs) without SciPy; and the two are compiled and cached
+# under different signatures, so a cache written with SciPy never serves a process
+# without it.
 
 
 @njit(cache=True, fastmath=_FASTMATH)
@@ -345,7 +351,7 @@ def _all_finite(x):
 @njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                   scale, threshold, keep_scale, seed, out, weights, want_weights,
-                  b, h, i0, i1, block_k, diag_k, scores, values):
+                  b, h, i0, i1, block_k, diag_k, blas):
     """Attention for query rows [i0, i1) of batch b, head h (the online softmax)."""
     dtype = q.dtype
     hk = h // (q.shape[1] // k.shape[1])
@@ -391,7 +397,10 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 continue
             tile_mask = n_seen < rows * nk or _adds_to_scores(mask)
         s = s_buf[:rows * nk].reshape((rows, nk))
-        scores(q_blk[r_lo:], k[b, hk, j0:j1], s)  # (rows, nk)
+        if blas is None:
+            _scores_by_loops(q_blk[r_lo:], k[b, hk, j0:j1], s)  # (rows, nk)
+        else:
+            _scores_by_blas(q_blk[r_lo:], k[b, hk, j0:j1], s)
         # Some (row, key) pair of the tile is hidden: causal cuts it, or the mask does.
         partial = causal and j1 - 1 > i0 + r_lo + causal_offset
         for rr in range(rows):
@@ -452,7 +461,10 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
         v_tile = v[b, hk, j0:j1]  # (nk, Dv)
         if not partial or _all_finite(v_tile):
             o = o_buf[:rows]
-            values(s, v_tile, o)  # (rows, Dv); hidden pairs have p = 0 and finite values
+            if blas is None:  # (rows, Dv); hidden pairs have p = 0 and finite values
+                _values_by_loops(s, v_tile, o)
+            else:
+                _values_by_blas(s, v_tile, o)
             for rr in range(rows):
                 c_r = correction[rr]
                 acc_row = acc[r_lo + rr]
@@ -513,7 +525,7 @@ def _task_block(task, n_blocks, BH):
 @njit(parallel=True, cache=True)
 def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                         scale, threshold, keep_scale, seed, out, weights, want_weights,
-                        block_q, block_k, diag_k, scores, values):
+                        block_q, block_k, diag_k, blas):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     n_blocks = (Lq + block_q - 1) // block_q
     for task in prange(B * H * n_blocks):  # (batch, head, query block)
@@ -521,14 +533,13 @@ def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, caus
         i0 = block * block_q
         _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
-                      bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k, diag_k,
-                      scores, values)
+                      bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k, diag_k, blas)
 
 
 @njit(cache=True)
 def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
-                      block_q, block_k, diag_k, scores, values):
+                      block_q, block_k, diag_k, blas):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     for b in range(B):
         for h in range(H):
@@ -536,7 +547,7 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
                 _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                               causal_offset, scale, threshold, keep_scale, seed, out,
                               weights, want_weights, b, h, i0, min(i0 + block_q, Lq), block_k,
-                              diag_k, scores, values)
+                              diag_k, blas)
 
 
 # --- launching ------------------------------------------------------------------------------
@@ -563,6 +574,9 @@ def _launch_guard():
 # count is 1, so every parallel launch sets SciPy's BLAS (the one Numba's np.dot calls)
 # to 1 thread and restores it when the last concurrent launch ends.
 _blas_lock = threading.Lock()
+#: Largest M·N·K that OpenBLAS runs on one thread whatever its setting (interface/gemm.c:
+#: SMP_THRESHOLD_MIN 65536 x GEMM_MULTITHREAD_THRESHOLD 4).
+_BLAS_SINGLE_THREADED_WORK = 65536 * 4
 _blas_state = {"users": 0, "saved": [], "controllers": None}
 
 
@@ -599,6 +613,16 @@ def _single_threaded_blas():
                 for lib, n in _blas_state["saved"]:
                     if n != 1:
                         lib.set_num_threads(n)
+
+
+def block_rows(problem: AttentionProblem, threads: int) -> int:
+    """Query rows per task: ``BLOCK_Q``, halved (not below ``MIN_BLOCK_Q``) until each of
+    ``threads`` threads has two tasks."""
+    B, H, _, Lq, _, _, _ = problem.shape
+    block_q = BLOCK_Q
+    while block_q > MIN_BLOCK_Q and B * H * -(-Lq // block_q) < 2 * threads:
+        block_q //= 2
+    return block_q
 
 
 def is_small(problem: AttentionProblem) -> bool:
@@ -642,6 +666,9 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     if B * H * Lq == 0:
         return out, (weights if problem.return_weights else None)
     mask, mask_strides, has_mask = _mask_arguments(problem, dtype)
+    if parallel is None:
+        parallel = not is_small(problem)
+    block_q = block_rows(problem, numba.get_num_threads()) if parallel else BLOCK_Q
     args = (
         problem.q, problem.k, problem.v, mask, mask_strides, has_mask,
         problem.key_lengths_or_full(),
@@ -649,11 +676,14 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         dtype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         out, weights, problem.return_weights,
-        BLOCK_Q, BLOCK_K, BLOCK_K_DIAGONAL, *PRODUCTS[use_blas],
+        block_q, BLOCK_K, BLOCK_K_DIAGONAL, True if use_blas else None,
     )
-    if parallel is None:
-        parallel = not is_small(problem)
-    blas_guard = _single_threaded_blas() if use_blas else nullcontext()
+    # The serial kernel runs on the calling thread, outside any OpenMP region: there the
+    # BLAS may thread as it likes, and below OpenBLAS's own threshold it runs single-
+    # threaded anyway (M·N·K <= 262144), so tiny calls skip the guard's cost (~5 us).
+    tile = min(block_q, Lq) * min(BLOCK_K, Lk) * max(problem.shape[5], Dv)
+    guarded = use_blas and (parallel or tile > _BLAS_SINGLE_THREADED_WORK)
+    blas_guard = _single_threaded_blas() if guarded else nullcontext()
     if parallel:
         with _launch_guard(), blas_guard:
             _attention_parallel(*args)
