@@ -349,9 +349,66 @@ def _params(args) -> int:
     return command(args)
 
 
-#: Subcommands: name -> function adding its parser.  Later: bench.
+def _add_bench(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="the numba backend against torch SDPA and plain NumPy, side by side",
+        description=(
+            "Issue 4's table in one process: numba, torch SDPA (torch.set_num_threads = "
+            "Numba's threads) and a plain NumPy implementation on the same inputs, timed in "
+            "interleaved rounds (medians, IQR, ratios of medians), with GFLOP/s and % of the "
+            "float32 GEMM peak measured in the same run, the error of each against the "
+            "oracle, and further checks: peak extra memory at --memory-L, tiny-call latency, "
+            "key_lengths with half the keys padded, 1 thread against all, start-up of a new "
+            "process with a warm cache. Peers that are not installed are reported as "
+            "missing. Prints the table and one verdict per target, writes OUT/bench.csv, "
+            "targets.csv, machine.json, bench.png and bench.html. About 5 minutes on 2 "
+            "cores (--quick: about 1). Exit status: 0 if numba ran everywhere within the "
+            "tolerance (targets met or not), 1 otherwise."),
+    )
+    parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",
+                        help="sequence lengths (default: 512 1024 2048 4096 8192)")
+    parser.add_argument("--D", type=_positive_int, nargs="+", metavar="N",
+                        help="head sizes: the first for the speed table, all for the GEMM-peak "
+                             "check (default: 64 128)")
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
+                        help="causal, non-causal or both (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller shapes (L 256-1024, memory at L=2048), 3 rounds")
+    parser.add_argument("--rounds", type=_positive_int, metavar="N",
+                        help="interleaved timing rounds per shape (default: 5; --quick 3)")
+    parser.add_argument("--threads", type=_positive_int, metavar="N",
+                        help="threads for Numba, torch and the BLAS (default: Numba's)")
+    parser.add_argument("--peers", nargs="*", choices=("torch", "numpy"), metavar="NAME",
+                        help="peers to compare with, from torch, numpy (default: both)")
+    for flag, dest, what, default in (
+            ("--peak-min-L", "peak_min_length", "smallest L of the GEMM-peak check", 2048),
+            ("--memory-L", "memory_length", "L of the memory check", 16384),
+            ("--tiny-L", "tiny_length", "L of the tiny call (H=1)", 64),
+            ("--padding-L", "padding_length", "L of the key_lengths check", 4096),
+            ("--parallel-L", "parallel_length", "L of the 1-thread check", 4096)):
+        parser.add_argument(flag, dest=dest, type=_positive_int, metavar="N",
+                            help=f"{what} (default: {default}; --quick: smaller)")
+    parser.add_argument("--float64-L", dest="float64_L", type=_positive_int, nargs="*",
+                        metavar="N", help="L of the float64 rows (default: 1024; none: off)")
+    parser.add_argument("--startup-runs", dest="startup_runs", type=int, metavar="N",
+                        help="fresh processes timed for start-up (default: 3; 0: skip)")
+    parser.add_argument("--numpy-max-gb", dest="numpy_max_gb", type=float, metavar="GB",
+                        help="skip the NumPy peer where its L x L arrays need more (default: 6)")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("reports/bench"),
+                        help="folder for the results, created if missing (default: "
+                             "%(default)s)")
+    parser.set_defaults(handler=_bench)
+
+
+def _bench(args) -> int:
+    from .bench import command
+
+    return command(args)
+
+
+#: Subcommands: name -> function adding its parser.
 COMMANDS = {"run": _add_run, "sweep": _add_sweep, "report": _add_report,
-            "verify": _add_verify, "params": _add_params}
+            "verify": _add_verify, "params": _add_params, "bench": _add_bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,80 @@
+"""``attnbench bench``: a smoke run on tiny shapes; its table, targets and files.
+
+Nothing here asserts a speed: the numbers of a unit-test run on a shared machine mean
+nothing.  The tests check the shape of what the benchmark reports.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbench import bench, peers
+from attnbench.cli import main
+
+TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", "128",
+        "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",
+        "--parallel-L", "128", "--startup-runs", "1"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    status = main(["bench", *TINY, "--out", str(out)])
+    return status, out
+
+
+def test_bench_writes_the_table_targets_and_files(smoke, capsys):
+    status, out = smoke
+    assert status == 0
+    for name in ("bench.csv", "targets.csv", "machine.json", "bench.png", "bench.html"):
+        assert (out / name).stat().st_size > 0
+    table = pd.read_csv(out / "bench.csv")
+    for column in (*bench.COLUMNS, "cpu_model", "numba_threads", "blas", "gemm_peak_gflops"):
+        assert column in table.columns
+    sections = set(table["section"])
+    assert sections == {"speed", "peak", "float64", "memory", "tiny", "padding", "parallel",
+                        "startup"}
+    speed = table[table["section"] == "speed"]
+    assert set(speed["L"]) == {64, 128} and set(speed["causal"]) == {True, False}
+    assert set(speed["impl"]) == {"numba", "torch", "numpy"}  # missing peers get a row too
+    numba = speed[speed["impl"] == "numba"]
+    assert (numba["status"] == "ok").all()
+    assert numba["within_tolerance"].all() and (numba["median_ms"] > 0).all()
+    assert numba["vs_numpy"].notna().all()
+    if peers.peer_status("torch")[0]:
+        assert numba["vs_torch"].notna().all()
+    else:
+        assert speed[speed["impl"] == "torch"]["status"].str.startswith("missing").all()
+    assert set(table[table["section"] == "peak"]["D"]) == {32}  # D=16 is the speed table's
+    memory = table[table["section"] == "memory"].set_index("impl")
+    assert np.isfinite(memory.loc["numba", ["extra_mib", "rss_extra_mib"]]).all()
+    targets = pd.read_csv(out / "targets.csv")
+    assert tuple(targets.columns) == bench.TARGET_COLUMNS
+    assert len(targets) >= 9
+    assert targets["note"].isna().all() or not targets["note"].str.contains("quick").any()
+
+
+def test_missing_peer_is_reported_not_dropped(monkeypatch):
+    monkeypatch.setattr(peers, "peer_status", lambda name: (False, f"{name} is not installed"))
+    config = bench.BenchConfig(rounds=1, error_rows=8)
+    rows = bench._compare("speed", config, B=1, H=1, L=16, D=8, causal=False,
+                          dtype=np.float32, threads=1, peaks={"float32": 1.0})
+    by_impl = {row["impl"]: row for row in rows}
+    assert by_impl["numba"]["status"] == "ok"
+    for peer in ("torch", "numpy"):
+        assert by_impl[peer]["status"] == f"missing: {peer} is not installed"
+        assert np.isnan(by_impl[peer]["median_ms"])
+
+
+def test_command_line_reruns_the_config():
+    config = bench.config_from_args(bench_args(["--quick", "--L", "300", "--threads", "1"]))
+    line = bench.command_line(config)
+    assert line.startswith("attnbench bench --L 300 ") and "--threads 1" in line
+    again = bench.config_from_args(bench_args(line.split()[2:]))
+    assert again == config
+
+
+def bench_args(argv):
+    from attnbench.cli import build_parser
+
+    return build_parser().parse_args(["bench", *argv])
