@@ -4,7 +4,8 @@ A sweep point of a GPU backend (``cuda``: :mod:`kernels.cuda_backend`; ``torch-c
 PyTorch's ``scaled_dot_product_attention`` on the GPU) is measured in three parts, each
 with :class:`attnbench.timing.Timing` statistics (median, IQR over batches):
 
-- **host -> device**: copying q, k and v (NumPy, pageable memory) to the device;
+- **host -> device**: copying q, k and v (NumPy, pageable memory) into device arrays
+  allocated beforehand;
 - **kernel**: the attention alone, on arrays already on the device, timed with CUDA
   events recorded on the stream around a batch of launches.  Before each batch a
   *blocker* kernel (one thread sleeping with ``nanosleep``, about twice as long as the
@@ -416,10 +417,12 @@ def _cuda_parts(q, k, v, kwargs):
 
     from kernels import cuda_backend
 
-    def upload():
-        return [cuda.to_device(x) for x in (q, k, v)]
+    q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))
 
-    q_dev, k_dev, v_dev = upload()
+    def upload():  # into the arrays already allocated: the copies alone
+        for host, device in ((q, q_dev), (k, k_dev), (v, v_dev)):
+            device.copy_to_device(host)
+
     launch, out_dev = cuda_backend.prepare_launch(q_dev, k_dev, v_dev, **kwargs)
     host_out = np.empty(out_dev.shape, dtype=out_dev.dtype)
 
@@ -450,11 +453,11 @@ def _torch_parts(q, k, v, kwargs):
 
     device = torch.device("cuda")
     hosts = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)]
+    qt, kt, vt = (x.to(device) for x in hosts)
 
-    def upload():
-        return [x.to(device) for x in hosts]
-
-    qt, kt, vt = upload()
+    def upload():  # into the tensors already allocated: the copies alone
+        for host, on_device in zip(hosts, (qt, kt, vt), strict=True):
+            on_device.copy_(host)
     attn_mask = None
     if kwargs.get("mask") is not None:
         attn_mask = torch.from_numpy(np.ascontiguousarray(kwargs["mask"])).to(device)
