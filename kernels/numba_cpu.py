@@ -49,7 +49,7 @@ from ._dropout import build_dropout_bits, dropout_threshold
 from ._validate import AttentionProblem
 
 #: Query rows per parallel task: K and V tiles are reused across these rows.
-BLOCK_Q = 256
+BLOCK_Q = 512
 #: Smallest query block: smaller problems get smaller blocks, down to this, until each
 #: thread has two tasks (see ``block_rows``).
 MIN_BLOCK_Q = 32
