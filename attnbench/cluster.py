@@ -316,10 +316,17 @@ class DaskExecutor:
 
     # --- the workers --------------------------------------------------------------------------
 
+    def workers(self) -> dict[str, dict]:
+        """Worker address -> the scheduler's information on it (host, resources, ...)."""
+        try:
+            return self.client.scheduler_info(n_workers=-1)["workers"]
+        except TypeError:  # dask before n_workers (which then always gave every worker)
+            return self.client.scheduler_info()["workers"]
+
     def timing_slots(self) -> dict[str, list[str]]:
         """Host (as the scheduler sees it) -> addresses of its workers with a timing slot."""
         slots: dict[str, list[str]] = {}
-        for address, info in self.client.scheduler_info(n_workers=-1)["workers"].items():
+        for address, info in self.workers().items():
             if info.get("resources", {}).get(TIMING_RESOURCE, 0) >= 1:
                 slots.setdefault(info["host"], []).append(address)
         return slots
@@ -364,7 +371,7 @@ class DaskExecutor:
 
     def describe(self) -> str:
         """One line: the cluster, its workers and timing slots."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        workers = self.workers()
         slots = self.timing_slots()
         return (f"Dask cluster {self.spec} (scheduler {self.client.scheduler.address}): "
                 f"{len(workers)} workers on {len({w['host'] for w in workers.values()})} "
@@ -384,7 +391,8 @@ class DaskExecutor:
         pending = deque(points)
         timing, checks = {}, {}  # future -> point
         options = {"threads": self.threads, "memory_budget": self.memory_budget}
-        window = sum(len(a) for a in self.timing_slots().values())
+        # At least one: a slot that is restarting now comes back, and its tasks wait for it.
+        window = max(1, sum(len(a) for a in self.timing_slots().values()))
         no_slot_since = None
         try:
             while pending or checks:

@@ -70,7 +70,11 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
     """The sweep: what ran, the table, GFLOP/s and error plots."""
     meta = meta or {}
     counts = table["status"].value_counts()
-    peaks = meta.get("gemm_peak_gflops", {})
+    # The run's peaks, else those the rows carry (each row: its host's or device's peak).
+    peaks = meta.get("gemm_peak_gflops") or next(iter(hosts.host_peaks(table).values()), {})
+    gpu = bool(hosts.device_of(table).ne("cpu").all()) if not table.empty else False
+    peak_words = ("Peak of the device (see below)" if gpu else
+                  "GEMM peak measured at the start of this sweep with numpy matmul (n = 1024)")
     text = (
         f"{len(table)} points ({', '.join(f'{n} {s}' for s, n in counts.items())})"
         + (f" of {meta['n_points']} asked for" if meta.get("n_points") else "")
@@ -85,7 +89,7 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         "IQR over batches), then one call under tracemalloc for the peak extra memory "
         "(torch allocates outside Python's allocators: its peak is the rise of the "
         "process's resident set, a lower bound). GFLOP/s counts only visible (query, key) "
-        "pairs. GEMM peak measured at the start of this sweep with numpy matmul (n = 1024): "
+        f"pairs. {peak_words}: "
         + (", ".join(f"{name} {value:.1f} GFLOP/s" for name, value in peaks.items()) or "n/a")
         + ". Error: max |output − oracle| (the reference formula in float64, or in extended "
         "precision for float64 inputs), against the tolerance 2 × the error of the same "
@@ -109,7 +113,6 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                                  f"{r.max_abs_err:.3g} > {r.tolerance:.3g}"
                                  for r in outside.itertuples()))
     figures = []
-    gpu = bool(hosts.device_of(table).ne("cpu").all()) if not table.empty else False
     gflops_figure = plots.gflops_by_backend(table, peaks,
                                             peak_label="device peak" if gpu else "GEMM peak")
     if gflops_figure is not None:

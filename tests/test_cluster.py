@@ -95,7 +95,7 @@ def test_parse_cluster():
 def test_local_cluster_has_one_timing_slot_spawned_workers_and_only_loopback(local2):
     slots = local2.timing_slots()
     assert list(slots) == ["127.0.0.1"] and len(slots["127.0.0.1"]) == 1
-    info = local2.client.scheduler_info(n_workers=-1)["workers"]
+    info = local2.workers()
     assert len(info) == 2 and all(w["host"] == "127.0.0.1" for w in info.values())
     methods = local2.client.run(lambda: __import__("multiprocessing").get_start_method())
     assert set(methods.values()) == {"spawn"}

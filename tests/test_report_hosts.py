@@ -110,3 +110,13 @@ def test_the_html_report_of_two_hosts(tmp_path):
     assert ids[0] == "hosts" and "machine" in ids
     assert sum(i.startswith("sweep") for i in ids) == 3
     assert "host-b / NVIDIA H200 (cc 9.0)" in page
+
+
+def test_one_gpu_group_draws_the_peak_its_rows_carry():
+    table = two_hosts()
+    gpu = table[table["backend"] == "cuda"]
+    (sweep, _scaling) = report.sweep_sections(gpu, {})  # no run-wide peak in the meta
+    lines = [line.get_label() for line in sweep.figures[0][1].axes[0].get_lines()]
+    assert "float32 device peak 66908 GFLOP/s" in lines, lines
+    assert "Peak of the device (see below): float32 66908.0 GFLOP/s" in sweep.text
+    assert "numpy matmul" not in sweep.text
