@@ -77,7 +77,7 @@ COLUMNS = (
     "section", "impl", "variant", "B", "H", "L", "D", "causal", "dtype", "threads", "status",
     "median_ms", "q25_ms", "q75_ms", "iqr_ms", "runs", "number", "gflops", "pct_of_gemm_peak",
     "vs_torch", "vs_numpy", "max_abs_err", "tolerance", "within_tolerance", "extra_mib",
-    "rss_extra_mib",
+    "rss_extra_mib", "load_1m",
 )
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
@@ -203,12 +203,17 @@ def _errors(outputs: dict[str, np.ndarray], q, k, v, kwargs: dict, rows: int) ->
             for name, out in outputs.items()}
 
 
+def _load_average() -> float:
+    """The 1-minute load average when a row is made: other processes skew the timings."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
 def _row(section: str, impl: str, *, B, H, L, D, causal, dtype, threads, status="ok",
          variant="", **values) -> dict:
     row = dict.fromkeys(COLUMNS, np.nan)
     row.update(section=section, impl=impl, variant=variant, B=B, H=H, L=L, D=D,
                causal=bool(causal), dtype=np.dtype(dtype).name, threads=threads,
-               status=status)
+               status=status, load_1m=_load_average())
     row.update(values)
     return row
 
@@ -425,7 +430,7 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
 
     threads = config.threads or numba.get_num_threads()
     started = time.perf_counter()
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load_before = _load_average()
     rows: list[dict] = []
     with limit_threads(threads, torch="torch" in config.peers):
         progress(f"GEMM peak (numpy matmul, {threads} threads) ...")
@@ -476,8 +481,7 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
     meta = {"config": asdict(config), "threads": threads,
             "gemm_peak_gflops": {"before": before, "after": after, "used": used},
             "machine": record, "seconds": time.perf_counter() - started,
-            "load_average": [load_before,
-                             os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")]}
+            "load_average": [load_before, _load_average()]}
     return table, meta
 
 
@@ -574,7 +578,8 @@ _SHOWN = {"section": "section", "impl": "impl", "variant": "variant", "L": "L", 
           "causal": "causal", "dtype": "dtype", "status": "status", "median_ms": "median ms",
           "iqr_ms": "IQR ms", "gflops": "GFLOP/s", "pct_of_gemm_peak": "% peak",
           "vs_torch": "/torch", "vs_numpy": "/numpy", "max_abs_err": "max|err|",
-          "tolerance": "tol", "extra_mib": "extra MiB", "rss_extra_mib": "RSS MiB"}
+          "tolerance": "tol", "extra_mib": "extra MiB", "rss_extra_mib": "RSS MiB",
+          "load_1m": "load"}
 
 
 def format_table(table: pd.DataFrame) -> str:
@@ -585,7 +590,7 @@ def format_table(table: pd.DataFrame) -> str:
     formats = {"median_ms": "{:.3f}", "iqr_ms": "{:.3f}", "gflops": "{:.1f}",
                "pct_of_gemm_peak": "{:.0f}", "vs_torch": "{:.2f}", "vs_numpy": "{:.3f}",
                "max_abs_err": "{:.1e}", "tolerance": "{:.1e}", "extra_mib": "{:.1f}",
-               "rss_extra_mib": "{:.1f}"}
+               "rss_extra_mib": "{:.1f}", "load_1m": "{:.1f}"}
     for column, fmt in formats.items():
         shown[column] = shown[column].map(lambda x, f=fmt: "" if x != x else f.format(x))
     return shown.rename(columns=_SHOWN).to_string(index=False)

@@ -62,8 +62,9 @@ BLOCK_K_DIAGONAL = 64
 #: 2 threads win from ~2**20 on when there are tasks for both).
 SERIAL_WORK_LIMIT = 1 << 20
 
-#: True when Numba's ``np.dot`` can call a BLAS (it needs SciPy's ``cython_blas``).
-HAVE_BLAS = importlib.util.find_spec("scipy") is not None
+#: True when Numba's ``np.dot`` can call a BLAS (it needs SciPy's ``cython_blas``) and
+#: threadpoolctl can hold that BLAS to one thread inside Numba's threads.
+HAVE_BLAS = all(importlib.util.find_spec(name) is not None for name in ("scipy", "threadpoolctl"))
 
 # fastmath without 'nnan'/'ninf': those flags let LLVM delete the -inf comparisons the
 # masking relies on.  'reassoc' lets the row reductions vectorise.
