@@ -15,7 +15,10 @@ Implementations:
   its BLAS held to the same thread count.
 
 A peer that is not installed is reported as missing (a row with that status), not
-dropped.  Sections of the table (column ``section``):
+dropped.  torch is imported before Numba's OpenMP threading layer starts: imported
+after it, then given ``torch.set_num_threads``, torch's SDPA ran 5x slower here (L=1024:
+110-118 ms against 20-21 ms; torch 2.13, Numba 0.68 with the omp layer), which would
+flatter numba.  Sections of the table (column ``section``):
 
 - ``speed``: B=1, H=12, D=64, every L, causal and not: time, GFLOP/s (visible pairs,
   :mod:`attnbench.flops`), % of the float32 GEMM peak measured in this run
@@ -428,6 +431,8 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
 
     from .sweep import limit_threads  # Numba, torch, every BLAS and OpenMP pool
 
+    if "torch" in config.peers:
+        peers.peer_status("torch")  # import torch before Numba's threads start: see below
     threads = config.threads or numba.get_num_threads()
     started = time.perf_counter()
     load_before = _load_average()
@@ -635,6 +640,10 @@ def plot(table: pd.DataFrame):
     right.set(xscale="log", yscale="log", xlabel="L", ylabel="time ratio (< 1: numba faster)",
               title="numba against its peers (dotted: targets)")
     right.legend(fontsize=8)
+    lengths = sorted(speed["L"].unique())
+    for ax in (left, right):  # ticks at the measured lengths, plainly labelled
+        ax.set_xticks(lengths, [str(L) for L in lengths])
+        ax.minorticks_off()
     return figure
 
 
@@ -723,6 +732,8 @@ def command(args) -> int:
     measurements, reported in the table), 1 otherwise.
     """
     config = config_from_args(args)
+    if "torch" in config.peers:
+        peers.peer_status("torch")  # before summary_lines starts Numba's threads
     print("\n".join(summary_lines()), flush=True)
     table, meta = run_bench(config, progress=lambda line: print(line, file=sys.stderr,
                                                                 flush=True))

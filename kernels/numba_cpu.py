@@ -511,16 +511,17 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
 
 
 @njit(cache=True)
-def _task_block(task, n_blocks, BH):
+def _task_block(task, n_blocks):
     """(b·H + h, query block) of a task, so that any run of tasks has balanced causal work.
 
     Numba splits a prange into one contiguous run of tasks per thread.  Under a causal
-    mask query block n costs ~n + 1 tiles, so blocks go 0, last, 1, last - 1, ...: each
-    pair costs the same, and every run of tasks gets its share of long and short blocks.
+    mask query block n costs ~n + 1 tiles, so each head's blocks go 0, last, 1, last - 1,
+    ...: each pair costs the same, heads are whole runs of tasks, and a thread's run of
+    tasks gets its share of long and short blocks whatever the number of heads.
     """
-    rank = task // BH
+    rank = task % n_blocks
     half = rank // 2
-    return task % BH, (n_blocks - 1 - half if rank % 2 else half)
+    return task // n_blocks, (n_blocks - 1 - half if rank % 2 else half)
 
 
 @njit(parallel=True, cache=True)
@@ -530,7 +531,7 @@ def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, caus
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     n_blocks = (Lq + block_q - 1) // block_q
     for task in prange(B * H * n_blocks):  # (batch, head, query block)
-        bh, block = _task_block(task, n_blocks, B * H)
+        bh, block = _task_block(task, n_blocks)
         i0 = block * block_q
         _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
