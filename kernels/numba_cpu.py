@@ -300,7 +300,12 @@ def _scores_by_loops(q_blk, k_tile, s):
 
 @njit(cache=True, fastmath=_FASTMATH)
 def _values_by_loops(p, v_tile, o):
-    """o = p · v_tile without a BLAS: (n, m) x (m, Dv) -> (n, Dv)."""
+    """o = p · v_tile without a BLAS: (n, m) x (m, Dv) -> (n, Dv).
+
+    Keys with p = 0 (hidden, dropped or underflowed) are skipped, so a hidden value is
+    never read and the sum over the others does not depend on what it holds: NaN stored
+    there leaves the result bit-identical.
+    """
     n, m = p.shape
     part = np.empty(o.shape[1], dtype=o.dtype)
     for r in range(n):
@@ -310,6 +315,8 @@ def _values_by_loops(p, v_tile, o):
             part[:] = 0
             for j in range(j0, min(j0 + _SUM_BLOCK, m)):
                 a = p[r, j]
+                if a == 0:
+                    continue
                 v_row = v_tile[j]
                 for d in range(part.shape[0]):
                     part[d] += a * v_row[d]
@@ -460,7 +467,10 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                     else:
                         s_row[c] *= keep_scale
         v_tile = v[b, hk, j0:j1]  # (nk, Dv)
-        if not partial or _all_finite(v_tile):
+        # The loops skip p = 0 and never read a hidden value; a BLAS product would turn a
+        # hidden NaN into 0 · NaN, so with the BLAS a partly hidden tile holding a
+        # non-finite value is summed over visible keys only.
+        if blas is None or not partial or _all_finite(v_tile):
             o = o_buf[:rows]
             if blas is None:  # (rows, Dv); hidden pairs have p = 0 and finite values
                 _values_by_loops(s, v_tile, o)

@@ -71,13 +71,20 @@ ALL_CASES = [pytest.param(c, id=c.name) for c in SHAPES] + [
     for c in MASK_CASES
 ]
 
-NUMBA_PATHS = {"serial": float("inf"), "parallel": 0}
+# path name: (SERIAL_WORK_LIMIT, tile products by the BLAS where SciPy is installed)
+NUMBA_PATHS = {
+    "serial": (float("inf"), numba_cpu.HAVE_BLAS),
+    "parallel": (0, numba_cpu.HAVE_BLAS),
+    "parallel-loops": (0, False),  # no BLAS: the path of a machine without SciPy
+}
 
 
 @pytest.fixture(params=list(NUMBA_PATHS), ids=lambda p: f"numba-{p}")
 def numba_path(request, monkeypatch):
-    """Run the numba backend through its serial or its parallel kernel."""
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", NUMBA_PATHS[request.param])
+    """Run the numba backend through its serial or parallel kernel, with or without BLAS."""
+    serial_limit, have_blas = NUMBA_PATHS[request.param]
+    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", serial_limit)
+    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", have_blas)
     return "numba"
 
 

@@ -12,9 +12,22 @@ import numpy as np
 import pytest
 
 import kernels
+from kernels import numba_cpu
 
 GARBAGE = {"huge": 1e30, "nan": np.nan, "inf": np.inf, "-inf": -np.inf}
-BACKENDS = ["numba", "reference"]
+BACKENDS = ["numba", "numba-loops", "reference"]
+
+
+@pytest.fixture(autouse=True)
+def _tile_products(request, monkeypatch):
+    """'numba-loops' is the numba backend with its tile products in loops (no BLAS), the
+    path a machine without SciPy takes; 'numba' uses the BLAS where SciPy is installed."""
+    if request.node.callspec.params.get("backend") == "numba-loops":
+        monkeypatch.setattr(numba_cpu, "HAVE_BLAS", False)
+
+
+def _attention(*args, backend, **kwargs):
+    return kernels.attention(*args, backend=backend.removesuffix("-loops"), **kwargs)
 
 
 def _assert_unchanged(before, after, backend, garbage):
@@ -41,13 +54,13 @@ def _qkv(shape=(2, 4, 40, 16), kv_heads=2, seed=0):
 def test_future_tokens_cannot_change_the_past(backend, garbage, causal):
     q, k, v = _qkv()
     L = q.shape[2]
-    before = kernels.attention(q, k, v, causal=causal, backend=backend)
+    before = _attention(q, k, v, causal=causal, backend=backend)
     t = 23  # every key from t on is in the future of queries < t (Lq = Lk: both alignments agree)
     k2, v2, q2 = k.copy(), v.copy(), q.copy()
     k2[:, :, t:] = GARBAGE[garbage]
     v2[:, :, t:] = GARBAGE[garbage]
     q2[:, :, t:] = GARBAGE[garbage]
-    after = kernels.attention(q2, k2, v2, causal=causal, backend=backend)
+    after = _attention(q2, k2, v2, causal=causal, backend=backend)
     _assert_unchanged(before[:, :, :t], after[:, :, :t], backend, garbage)
     assert L > t
 
@@ -57,11 +70,11 @@ def test_future_tokens_cannot_change_the_past(backend, garbage, causal):
 def test_padding_by_key_lengths_is_never_read(backend, garbage):
     q, k, v = _qkv()
     lengths = np.array([17, 40])
-    before = kernels.attention(q, k, v, key_lengths=lengths, backend=backend)
+    before = _attention(q, k, v, key_lengths=lengths, backend=backend)
     k2, v2 = k.copy(), v.copy()
     k2[0, :, 17:] = GARBAGE[garbage]
     v2[0, :, 17:] = GARBAGE[garbage]
-    after = kernels.attention(q, k2, v2, key_lengths=lengths, backend=backend)
+    after = _attention(q, k2, v2, key_lengths=lengths, backend=backend)
     _assert_unchanged(before, after, backend, garbage)
 
 
@@ -75,12 +88,12 @@ def test_masked_keys_are_never_read(backend, garbage, mask_kind):
     hidden[0, ..., 30:] = True
     hidden[1, ..., ::3] = True
     mask = ~hidden if mask_kind == "bool" else np.where(hidden, -np.inf, 0.5).astype(np.float32)
-    before = kernels.attention(q, k, v, mask=mask, backend=backend)
+    before = _attention(q, k, v, mask=mask, backend=backend)
     k2, v2 = k.copy(), v.copy()
     cols = np.broadcast_to(hidden[:, :, 0, :], (2, 2, 40))  # (B, Hkv, Lk)
     k2[cols] = GARBAGE[garbage]
     v2[cols] = GARBAGE[garbage]
-    after = kernels.attention(q, k2, v2, mask=mask, backend=backend)
+    after = _attention(q, k2, v2, mask=mask, backend=backend)
     _assert_unchanged(before, after, backend, garbage)
 
 
@@ -90,9 +103,9 @@ def test_causal_self_attention_layer_ignores_future_tokens(backend):
     layer = kernels.MultiHeadAttention(32, 4, n_kv_heads=2, seed=3)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 25, 32)).astype(np.float32)
-    before = layer(x, causal=True, backend=backend)
+    before = layer(x, causal=True, backend=backend.removesuffix("-loops"))
     x2 = x.copy()
     x2[:, 11:] = rng.standard_normal(x2[:, 11:].shape)
-    after = layer(x2, causal=True, backend=backend)
+    after = layer(x2, causal=True, backend=backend.removesuffix("-loops"))
     np.testing.assert_array_equal(after[:, :11], before[:, :11])
     assert not np.array_equal(after[:, 11:], before[:, 11:])
