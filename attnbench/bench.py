@@ -124,14 +124,21 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
 # --- timing ---------------------------------------------------------------------------------
 
 
+#: Rounds are tripled for shapes whose batches all take less than this (s): bursts of
+#: load from other processes last seconds, and more rounds keep them out of the median.
+SHORT_BATCH_SECONDS = 0.25
+
+
 def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time: float,
                 settle: float = SETTLE_SECONDS) -> dict[str, Timing]:
-    """Time every call in ``rounds`` interleaved rounds with :func:`attnbench.timing.measure`.
+    """Time every call in interleaved rounds with :func:`attnbench.timing.measure`.
 
     The first round warms each call up (one untimed call: compilation, first touch) and
     picks its batch size (calls per sample, grown until a batch lasts ``min_time``);
-    every later round takes one batch of each call in turn.  Each call is followed by a
-    pause of ``settle`` seconds so that the threads it woke go idle.
+    every later round takes one batch of each call in turn.  ``rounds`` rounds in all,
+    three times as many where every batch is shorter than :data:`SHORT_BATCH_SECONDS`.
+    Each batch is followed by a pause of ``settle`` seconds so that the threads it woke
+    go idle.
     """
     samples: dict[str, list[float]] = {}
     numbers: dict[str, int] = {}
@@ -139,6 +146,9 @@ def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time
         first = measure(call, warmup=1, repeat=1, min_repeat=1, min_time=min_time)
         samples[name], numbers[name] = list(first.samples), first.number
         time.sleep(settle)
+    longest = max((samples[name][0] * numbers[name] for name in calls), default=0.0)
+    if longest < SHORT_BATCH_SECONDS:
+        rounds *= 3
     for _ in range(rounds - 1):
         for name, call in calls.items():
             timing = measure(call, warmup=0, repeat=1, min_repeat=1, number=numbers[name])
