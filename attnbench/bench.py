@@ -135,7 +135,8 @@ def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time
 
     The first round warms each call up (one untimed call: compilation, first touch) and
     picks its batch size (calls per sample, grown until a batch lasts ``min_time``);
-    every later round takes one batch of each call in turn.  ``rounds`` rounds in all,
+    every later round takes one batch of each call in turn, starting one call further on
+    each round (so that no call always follows the same one).  ``rounds`` rounds in all,
     three times as many where every batch is shorter than :data:`SHORT_BATCH_SECONDS`.
     Each batch is followed by a pause of ``settle`` seconds so that the threads it woke
     go idle.
@@ -149,8 +150,12 @@ def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time
     longest = max((samples[name][0] * numbers[name] for name in calls), default=0.0)
     if longest < SHORT_BATCH_SECONDS:
         rounds *= 3
-    for _ in range(rounds - 1):
-        for name, call in calls.items():
+    names = list(calls)
+    for round_ in range(1, rounds):
+        # Each round starts with the next call, so that no call always follows the same
+        # one (whatever the previous call leaves behind: caches, freed memory, threads).
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            call = calls[name]
             timing = measure(call, warmup=0, repeat=1, min_repeat=1, number=numbers[name])
             samples[name].extend(timing.samples)
             time.sleep(settle)
