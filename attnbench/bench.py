@@ -12,7 +12,10 @@ Implementations:
 - ``torch``: PyTorch's ``scaled_dot_product_attention`` on the CPU
   (:mod:`attnbench.peers`), with ``torch.set_num_threads`` equal to Numba's threads;
 - ``numpy``: the plain formula in NumPy, in the input dtype (:mod:`attnbench.peers`),
-  its BLAS held to the same thread count.
+  its BLAS held to the same thread count;
+- ``gemm floor`` (non-causal shapes): the numba kernel's two tile GEMMs alone, same tiles
+  and tasks, no softmax (:mod:`attnbench.gemm_floor`): the time the kernel would take if
+  its softmax were free, so its ratio to a peer is the lowest ratio the kernel can reach.
 
 A peer that is not installed is reported as missing (a row with that status), not
 dropped.  torch is imported before Numba's OpenMP threading layer starts: imported
@@ -62,6 +65,8 @@ from kernels._validate import check_attention_args
 from . import peers
 from .accuracy import max_abs_error, oracle, tolerance
 from .flops import attention_flops, gflops
+from .gemm_floor import available as floor_available
+from .gemm_floor import tile_gemms_call
 from .machine import gemm_peak_gflops, machine_columns, machine_record, summary_lines
 from .timing import Timing, measure, peak_extra_memory
 
@@ -70,6 +75,9 @@ __all__ = ["COLUMNS", "QUICK", "TARGET_COLUMNS", "BenchConfig", "command", "run_
 
 #: Implementations compared, in table order.
 IMPLS = ("numba", "torch", "numpy")
+#: The numba kernel's tile GEMMs alone (:mod:`attnbench.gemm_floor`), timed beside it on
+#: non-causal shapes: the floor under its time.
+FLOOR = "gemm floor"
 #: Seed of the inputs of every shape.
 SEED = 0
 #: Pause (s) after each call of an implementation in a round: the BLAS's and OpenMP's
@@ -258,21 +266,24 @@ def _compare(section: str, config: BenchConfig, *, B: int, H: int, L: int, D: in
     outputs = {name: call() for name, call in calls.items()}
     errors = _errors(outputs, q, k, v, kwargs, config.error_rows)
     del outputs
+    if "numba" in calls and not causal and floor_available():
+        calls[FLOOR] = tile_gemms_call(q, k, v)  # no attention output: no error
     timings = interleaved(calls, rounds=config.rounds, min_time=config.min_time)
     flops = attention_flops(B, H, L, L, D, causal=causal)
     peak = peaks[np.dtype(dtype).name]
     for name, timing in timings.items():
         rate = gflops(flops, timing.median)
-        err, tol = errors[name]
+        err, tol = errors.get(name, (np.nan, np.nan))
         rows[name] = _row(section, name, **shape, **_timing_columns(timing), gflops=rate,
                           pct_of_gemm_peak=100 * rate / peak, max_abs_err=err, tolerance=tol,
-                          within_tolerance=bool(err <= tol))
-    if "numba" in timings:
-        numba_time = timings["numba"].median
+                          within_tolerance=bool(err <= tol) if name in errors else np.nan)
+    for name in ("numba", FLOOR):
         for peer in ("torch", "numpy"):
-            if peer in timings:
-                rows["numba"]["vs_" + peer] = numba_time / timings[peer].median
-    return [rows[name] for name in impls if name in rows]
+            if name in timings and peer in timings:
+                rows[name]["vs_" + peer] = timings[name].median / timings[peer].median
+    if FLOOR in rows:
+        rows[FLOOR]["variant"] = "numba's tile GEMMs alone"
+    return [rows[name] for name in (*impls, FLOOR) if name in rows]
 
 
 def _memory(config: BenchConfig, threads: int) -> list[dict]:
@@ -528,17 +539,30 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
                         "met": met, "note": note + quick})
 
+    floor = speed[speed["impl"] == FLOOR].set_index("L")
+
+    def floor_note(peer, lengths):
+        """The floor's ratio to ``peer``: the lowest ratio a kernel on these GEMMs can reach."""
+        ratios = floor["vs_" + peer].dropna() if len(floor) else pd.Series(dtype=float)
+        ratios = ratios[ratios.index.isin(lengths)]
+        if not len(ratios):
+            return ""
+        return (f"numba's tile GEMMs alone (softmax left out) / {peer}, non-causal: "
+                f"{_fmt_ratio(ratios)}")
+
     long = numba_speed[numba_speed["L"] >= 1024]
     for causal in config.causal:
         rows = long[long["causal"] == causal].set_index("L")["vs_torch"].dropna()
         kind = "causal" if causal else "non-causal"
+        note = ("no torch rows (torch missing, or no L >= 1024)" if not len(rows)
+                else "" if causal else floor_note("torch", rows.index))
         add(f"numba / torch, {kind}", "B=1 H=12 D=64, every L >= 1024", _fmt_ratio(rows),
-            "<= 0.8", bool((rows <= 0.8).all()) if len(rows) else None,
-            "" if len(rows) else "no torch rows (torch missing, or no L >= 1024)")
+            "<= 0.8", bool((rows <= 0.8).all()) if len(rows) else None, note)
     rows = numba_speed.set_index(["L", "causal"])["vs_numpy"].dropna()
     add("numba / numpy", "B=1 H=12 D=64, every L, causal and not",
         ", ".join(f"L={L}{' causal' if c else ''}: {r:.2f}" for (L, c), r in rows.items()),
-        "<= 0.33", bool((rows <= 0.33).all()) if len(rows) else None)
+        "<= 0.33", bool((rows <= 0.33).all()) if len(rows) else None,
+        floor_note("numpy", numba_speed["L"]))
     peak_rows = table[table["section"].isin(["speed", "peak"]) & ok
                       & (table["impl"] == "numba") & ~table["causal"].astype(bool)
                       & (table["L"] >= config.peak_min_length)
@@ -632,13 +656,15 @@ def plot(table: pd.DataFrame):
     speed = table[(table["section"] == "speed") & (table["status"] == "ok")]
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = figure.subplots(1, 2)
-    colors = {"numba": "tab:blue", "torch": "tab:orange", "numpy": "tab:green"}
+    colors = {"numba": "tab:blue", "torch": "tab:orange", "numpy": "tab:green",
+              FLOOR: "tab:grey"}
     for (impl, causal), rows in speed.groupby(["impl", "causal"]):
         rows = rows.sort_values("L")
         left.errorbar(rows["L"], rows["median_ms"],
                       yerr=[rows["median_ms"] - rows["q25_ms"], rows["q75_ms"] - rows["median_ms"]],
                       color=colors.get(impl), linestyle="--" if causal else "-", marker="o",
-                      label=f"{impl}{' causal' if causal else ''}")
+                      label=f"{impl}{' (numba tile GEMMs alone)' if impl == FLOOR else ''}"
+                            f"{' causal' if causal else ''}")
     left.set(xscale="log", yscale="log", xlabel="L", ylabel="median time (ms)",
              title="B=1 H=12 D=64 float32")
     left.legend(fontsize=8)

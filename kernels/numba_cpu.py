@@ -14,7 +14,7 @@ and divides by ``ℓ`` at the end.  Working memory is O(BLOCK_Q · (BLOCK_K + Dv
 task: no L x L array exists unless ``return_weights`` asks for one.
 
 The two GEMMs go to the BLAS through ``np.dot`` (SciPy's BLAS, as Numba calls it) when
-SciPy is installed, single-threaded inside Numba's threads (see ``_single_threaded_blas``);
+SciPy is installed, single-threaded inside Numba's threads (see ``single_threaded_blas``);
 without SciPy, to plain Numba loops (correct, about half as fast).
 
 Masking, and what is never read:
@@ -606,7 +606,7 @@ def _numba_blas_controllers():
 
 
 @contextmanager
-def _single_threaded_blas():
+def single_threaded_blas():
     """Hold SciPy's BLAS at one thread while at least one launch runs."""
     with _blas_lock:
         if _blas_state["users"] == 0:
@@ -695,7 +695,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     # threaded anyway (M·N·K <= 262144), so tiny calls skip the guard's cost (~5 us).
     tile = min(block_q, Lq) * min(BLOCK_K, Lk) * max(problem.shape[5], Dv)
     guarded = use_blas and (parallel or tile > _BLAS_SINGLE_THREADED_WORK)
-    blas_guard = _single_threaded_blas() if guarded else nullcontext()
+    blas_guard = single_threaded_blas() if guarded else nullcontext()
     if parallel:
         with _launch_guard(), blas_guard:
             _attention_parallel(*args)

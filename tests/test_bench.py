@@ -36,7 +36,12 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
                         "startup"}
     speed = table[table["section"] == "speed"]
     assert set(speed["L"]) == {64, 128} and set(speed["causal"]) == {True, False}
-    assert set(speed["impl"]) == {"numba", "torch", "numpy"}  # missing peers get a row too
+    # missing peers get a row too; the GEMM floor is timed on non-causal shapes only
+    assert set(speed["impl"]) == {"numba", "torch", "numpy", bench.FLOOR}
+    floor = speed[speed["impl"] == bench.FLOOR]
+    assert not floor["causal"].any() and set(floor["L"]) == {64, 128}
+    assert (floor["median_ms"] > 0).all() and floor["vs_numpy"].notna().all()
+    assert floor["max_abs_err"].isna().all()  # not an attention output: no error
     numba = speed[speed["impl"] == "numba"]
     assert (numba["status"] == "ok").all()
     assert numba["within_tolerance"].all() and (numba["median_ms"] > 0).all()
@@ -78,3 +83,19 @@ def bench_args(argv):
     from attnbench.cli import build_parser
 
     return build_parser().parse_args(["bench", *argv])
+
+
+def test_gemm_floor_runs_the_kernels_products():
+    """The floor's last P · V tile equals the same product done by NumPy."""
+    from attnbench.gemm_floor import tile_gemms
+    from kernels import numba_cpu
+
+    rng = np.random.default_rng(1)
+    L, Lk = 70, numba_cpu.BLOCK_K + 30  # a full key tile and a ragged one
+    q = rng.standard_normal((1, 2, L, 8), dtype=np.float32)
+    k = rng.standard_normal((1, 1, Lk, 8), dtype=np.float32)  # GQA: 2 heads share 1
+    v = rng.standard_normal((1, 1, Lk, 5), dtype=np.float32)
+    out = tile_gemms(q, k, v)
+    last = slice(numba_cpu.BLOCK_K, Lk)
+    expected = (q[0] @ k[0, 0, last].T) @ v[0, 0, last]
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-4)
