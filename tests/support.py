@@ -9,9 +9,16 @@ make tests pass.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kernels
 from attnbench.accuracy import max_abs_error, oracle_dtype, tolerance
@@ -127,3 +134,37 @@ def assert_matches_reference(q, k, v, backend: str, **kwargs) -> float:
     assert err_only <= tol, f"{backend} (no weights): error {err_only:.3g} > tolerance {tol:.3g}"
     COMPARISONS.append((backend, np.dtype(q.dtype).name, max(err, err_only), tol))
     return max(err, err_only)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Prepended to every script of :func:`run_ptx_script`: no libNVVM, nothing to compile with.
+_NVVM_CHECK = """
+import json, sys
+try:
+    from numba.cuda.cudadrv import nvvm
+    nvvm.NVVM()
+except Exception as exc:
+    print(json.dumps({"skip": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+"""
+
+
+def run_ptx_script(body: str) -> dict:
+    """Run ``body`` in a new Python process with the CUDA simulator off; its JSON result.
+
+    The compiler (libNVVM) needs no GPU, but the simulator switched on by
+    ``tests/conftest.py`` replaces it, so PTX is compiled in a process of its own.
+    ``body`` prints one JSON object as its last line.  Skips the test where libNVVM is
+    missing.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    script = _NVVM_CHECK + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in result:
+        pytest.skip(f"the CUDA toolchain (NVVM) is missing: {result['skip']}")
+    return result

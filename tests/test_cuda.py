@@ -10,13 +10,7 @@ float32 kernel has no float64 instruction.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,11 +24,16 @@ from kernels import _backends, cuda_backend  # noqa: E402
 from kernels._dropout import keep_mask  # noqa: E402
 from kernels._validate import check_attention_args  # noqa: E402
 
-from .support import DTYPES, Case, assert_matches_reference, make_inputs  # noqa: E402
+from .support import (  # noqa: E402
+    DTYPES,
+    Case,
+    assert_matches_reference,
+    make_inputs,
+    run_ptx_script,
+)
 
 pytestmark = pytest.mark.cuda
 
-REPO = Path(__file__).resolve().parents[1]
 
 #: Query rows per block and keys per tile in these tests: small enough that L = 5 or 9
 #: spans several tiles with a ragged tail, also on a real GPU.
@@ -300,38 +299,22 @@ def test_attention_device_rejects_bad_input(change, error, match):
 
 # --- PTX: the real compiler, without a GPU ------------------------------------------------
 
-_PTX_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    try:
-        from numba.cuda.cudadrv import nvvm
-        nvvm.NVVM()
-    except Exception as exc:  # no libNVVM: nothing to compile with
-        print(json.dumps({"skip": f"{type(exc).__name__}: {exc}"}))
-        sys.exit(0)
-    from kernels import cuda_backend
-    result = {}
-    for cc in [(8, 0), (9, 0)]:
-        for name, ptx in cuda_backend.compile_ptx_all(cc).items():
-            result[f"{name}@sm_{cc[0]}{cc[1]}"] = {
-                "target": f".target sm_{cc[0]}{cc[1]}" in ptx,
-                "entry": ".entry" in ptx,
-                "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line],
-            }
-    print(json.dumps(result))
-    """
-)
+_PTX_SCRIPT = """
+from kernels import cuda_backend
+result = {}
+for cc in [(8, 0), (9, 0)]:
+    for name, ptx in cuda_backend.compile_ptx_all(cc).items():
+        result[f"{name}@sm_{cc[0]}{cc[1]}"] = {
+            "target": f".target sm_{cc[0]}{cc[1]}" in ptx,
+            "entry": ".entry" in ptx,
+            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line],
+        }
+print(json.dumps(result))
+"""
 
 
 def test_ptx_float32_kernels_have_no_float64_instruction():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in result:
-        pytest.skip(f"the CUDA toolchain (NVVM) is missing: {result['skip']}")
+    result = run_ptx_script(_PTX_SCRIPT)
     assert sorted(result) == sorted(
         f"attention_{dtype}@sm_{cc}" for dtype in ("float32", "float64") for cc in ("80", "90")
     )

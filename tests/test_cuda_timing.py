@@ -12,12 +12,8 @@ event timings of a real point.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,8 +25,9 @@ from attnbench.grid import Point  # noqa: E402
 from attnbench.sweep import PointRunner, make_inputs  # noqa: E402
 from kernels import _backends  # noqa: E402
 
+from .support import REPO, run_ptx_script  # noqa: E402
+
 pytestmark = pytest.mark.cuda
-REPO = Path(__file__).resolve().parents[1]
 SIMULATOR = _backends.cuda_simulator_enabled()
 needs_cuda = pytest.mark.skipif(not _backends.cuda_status()[0], reason=_backends.cuda_status()[1])
 gpu_only = pytest.mark.skipif(not _backends.has_real_gpu(), reason="needs a real CUDA GPU")
@@ -67,43 +64,27 @@ def test_fma_kernel_computes_its_chains(dtype):
     assert len(set(out.tolist())) == 10  # every thread wrote its own value
 
 
-_PTX_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    try:
-        from numba.cuda.cudadrv import nvvm
-        nvvm.NVVM()
-    except Exception as exc:
-        print(json.dumps({"skip": f"{type(exc).__name__}: {exc}"}))
-        sys.exit(0)
-    import numpy as np
-    from numba import cuda
-    from attnbench import _cuda_kernels as k
-    result = {}
-    for dtype in ("float32", "float64"):
-        ptx, _ = cuda.compile_ptx(k.fma_source(np.dtype(dtype)), k.fma_signature(dtype),
-                                  cc=(9, 0))
-        lines = ptx.splitlines()
-        result[dtype] = {"fma": sum(f"fma.rn.{'f32' if dtype == 'float32' else 'f64'}" in l
-                                    for l in lines),
-                         "f64": [l.strip() for l in lines if ".f64" in l]}
-    ptx, _ = cuda.compile_ptx(k.blocker_source, k.BLOCKER_SIGNATURE, cc=(7, 5))
-    result["blocker_nanosleep"] = "nanosleep" in ptx
-    print(json.dumps(result))
-    """
-)
+_PTX_SCRIPT = """
+import numpy as np
+from numba import cuda
+from attnbench import _cuda_kernels as k
+result = {}
+for dtype in ("float32", "float64"):
+    ptx, _ = cuda.compile_ptx(k.fma_source(np.dtype(dtype)), k.fma_signature(dtype),
+                              cc=(9, 0))
+    lines = ptx.splitlines()
+    result[dtype] = {"fma": sum(f"fma.rn.{'f32' if dtype == 'float32' else 'f64'}" in l
+                                for l in lines),
+                     "f64": [l.strip() for l in lines if ".f64" in l]}
+ptx, _ = cuda.compile_ptx(k.blocker_source, k.BLOCKER_SIGNATURE, cc=(7, 5))
+result["blocker_nanosleep"] = "nanosleep" in ptx
+print(json.dumps(result))
+"""
 
 
 def test_fma_kernel_and_blocker_compile_to_ptx():
     """The real compiler (no GPU needed): 8 FMAs per iteration, none in float64 for float32."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in result:
-        pytest.skip(f"the CUDA toolchain (NVVM) is missing: {result['skip']}")
+    result = run_ptx_script(_PTX_SCRIPT)
     assert result["float32"]["fma"] >= cuda_timing.FMA_CHAINS
     assert result["float32"]["f64"] == []
     assert result["float64"]["fma"] >= cuda_timing.FMA_CHAINS
