@@ -646,6 +646,57 @@ def format_targets(targets: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
+def _markdown(frame: pd.DataFrame) -> str:
+    """A DataFrame as a GitHub-flavoured Markdown table (cells as they are)."""
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |",
+             "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
+                    command_line: str = "") -> str:
+    """The speed section and the targets as Markdown, with the machine and the command.
+
+    This is what the README's performance section shows (pasted from ``bench.md``).
+    """
+    speed = table[(table["section"] == "speed") & (table["status"] == "ok")]
+    times = speed.pivot_table(index=["L", "causal"], columns="impl", values="median_ms")
+    numba = speed[speed["impl"] == "numba"].set_index(["L", "causal"])
+    rows = []
+    for (L, causal), row in times.iterrows():
+        def ms(impl, row=row):
+            value = row.get(impl, np.nan)
+            return "" if value != value else f"{value:.1f}"
+        ratio = numba.loc[(L, causal)]
+        rows.append({"L": int(L), "causal": "yes" if causal else "",
+                     "numba ms": ms("numba"), "torch ms": ms("torch"), "numpy ms": ms("numpy"),
+                     "GEMMs alone ms": ms(FLOOR),
+                     "numba / torch": "" if ratio["vs_torch"] != ratio["vs_torch"]
+                     else f"{ratio['vs_torch']:.2f}",
+                     "numba / numpy": "" if ratio["vs_numpy"] != ratio["vs_numpy"]
+                     else f"{ratio['vs_numpy']:.2f}",
+                     "numba % of GEMM peak": f"{ratio['pct_of_gemm_peak']:.0f}"})
+    machine = meta["machine"]
+    peaks = meta["gemm_peak_gflops"]["used"]
+    blas = machine_columns(machine)["blas"]
+    header = (
+        f"`{command_line or 'attnbench bench'}` ({meta['seconds'] / 60:.0f} min), on "
+        f"{machine['cpu_model']} ({machine['usable_cores']} cores), {meta['threads']} threads "
+        f"for numba, torch and NumPy's BLAS; Numba {machine['numba']} "
+        f"({machine['numba_threading_layer']} layer), torch {machine['torch']}, NumPy "
+        f"{machine['numpy']}; BLAS {blas}. Float32 GEMM peak measured in the "
+        f"run: {peaks['float32']:.0f} GFLOP/s. Load average {meta['load_average'][0]:.2f} "
+        f"before, {meta['load_average'][1]:.2f} after. B=1, H=12, D=64, float32; medians of "
+        f"interleaved rounds.")
+    shown_targets = targets.assign(met=targets["met"].map({True: "met", False: "**missed**",
+                                                           None: "n/a"}))
+    shown_targets = shown_targets.fillna("")
+    return "\n\n".join([header, _markdown(pd.DataFrame(rows)),
+                         _markdown(shown_targets[["target", "measured", "goal", "met", "note"]])]
+                        ) + "\n"
+
+
 def plot(table: pd.DataFrame):
     """Time against L per implementation (causal dashed), and numba's ratios to the peers."""
     import matplotlib
@@ -690,14 +741,14 @@ def plot(table: pd.DataFrame):
 
 def write_results(table: pd.DataFrame, targets: pd.DataFrame, meta: dict, out_dir,
                   *, command_line: str = "") -> list[Path]:
-    """Write bench.csv, targets.csv, machine.json, bench.png and bench.html under ``out_dir``."""
+    """Write bench.csv, targets.csv, machine.json, bench.png, bench.html and bench.md."""
     from .html_report import write_html
     from .sections import Section
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in ("bench.csv", "targets.csv", "machine.json",
-                                         "bench.png", "bench.html")]
+                                         "bench.png", "bench.html", "bench.md")]
     table.to_csv(paths[0], index=False)
     targets.to_csv(paths[1], index=False)
     paths[2].write_text(json.dumps({**meta, "command": command_line}, indent=2, default=str)
@@ -721,6 +772,7 @@ def write_results(table: pd.DataFrame, targets: pd.DataFrame, meta: dict, out_di
     ]
     write_html(paths[4], sections, title="attnbench bench",
                subtitle=f"{meta['machine']['cpu_model']}, {meta['threads']} threads.")
+    paths[5].write_text(format_markdown(table, targets, meta, command_line))
     return paths
 
 

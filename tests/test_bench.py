@@ -26,8 +26,12 @@ def smoke(tmp_path_factory):
 def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     status, out = smoke
     assert status == 0
-    for name in ("bench.csv", "targets.csv", "machine.json", "bench.png", "bench.html"):
+    for name in ("bench.csv", "targets.csv", "machine.json", "bench.png", "bench.html",
+                 "bench.md"):
         assert (out / name).stat().st_size > 0
+    markdown = (out / "bench.md").read_text()
+    assert markdown.startswith("`attnbench bench --L 64 128 ")  # the command that reran it
+    assert "| 64 | yes |" in markdown and "| numba / numpy |" in markdown
     table = pd.read_csv(out / "bench.csv")
     for column in (*bench.COLUMNS, "cpu_model", "numba_threads", "blas", "gemm_peak_gflops"):
         assert column in table.columns
