@@ -23,6 +23,8 @@ import numbers
 
 import numpy as np
 
+from kernels._validate import _check_causal
+
 __all__ = [
     "attention_flops",
     "causal_offset",
@@ -51,17 +53,13 @@ def causal_offset(causal, Lq: int, Lk: int) -> int | None:
     """
     if isinstance(causal, np.bool_):
         causal = bool(causal)
-    if causal is None or causal is False:
-        return None
-    if causal is True or causal == "top-left":
-        return 0
-    if causal == "bottom-right":
-        return Lk - Lq
-    if isinstance(causal, numbers.Integral) and not isinstance(causal, bool | np.bool_):
+    if isinstance(causal, numbers.Integral) and not isinstance(causal, bool):
         return int(causal)
-    raise ValueError(
-        f"causal={causal!r}; expected False, True, 'top-left', 'bottom-right' or an int offset"
-    )
+    try:
+        return _check_causal(causal, Lq, Lk)  # the kernels' own reading of the flag
+    except ValueError:
+        raise ValueError(f"causal={causal!r}; expected False, True, 'top-left', "
+                         "'bottom-right' or an int offset") from None
 
 
 def _clamped_prefix_sum(t: np.ndarray, K: np.ndarray) -> np.ndarray:
