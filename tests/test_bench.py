@@ -36,8 +36,10 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     for column in (*bench.COLUMNS, "cpu_model", "numba_threads", "blas", "gemm_peak_gflops"):
         assert column in table.columns
     sections = set(table["section"])
-    assert sections == {"speed", "peak", "float64", "memory", "tiny", "padding", "parallel",
-                        "startup"}
+    assert sections == {"speed", "peak", "float64", "memory", "tiny", "causal", "padding",
+                        "parallel", "startup"}
+    causal = table[table["section"] == "causal"]  # L >= --peak-min-L, both kinds
+    assert set(zip(causal["L"], causal["causal"], strict=True)) == {(128, False), (128, True)}
     speed = table[table["section"] == "speed"]
     assert set(speed["L"]) == {64, 128} and set(speed["causal"]) == {True, False}
     # missing peers get a row too; the GEMM floor is timed on non-causal shapes only
