@@ -359,10 +359,12 @@ def _add_bench(subparsers) -> None:
             "float32 GEMM peak measured in the same run, the error of each against the "
             "oracle, and further checks: peak extra memory at --memory-L, tiny-call latency, "
             "key_lengths with half the keys padded, 1 thread against all, start-up of a new "
-            "process with a warm cache. Peers that are not installed are reported as "
-            "missing. Prints the table and one verdict per target, writes OUT/bench.csv, "
-            "targets.csv, machine.json, bench.png and bench.html. About 5 minutes on 2 "
-            "cores (--quick: about 1). Exit status: 0 if numba ran everywhere within the "
+            "process with a warm cache. On non-causal shapes the numba kernel's tile GEMMs "
+            "alone (no softmax) are timed beside it: the floor under its time. Peers that "
+            "are not installed are reported as missing. Prints the table and one verdict "
+            "per target, writes OUT/bench.csv, targets.csv, machine.json, bench.png, "
+            "bench.html and bench.md. About 7 minutes on 2 cores (--quick: about 1). Exit "
+            "status: 0 if numba ran everywhere within the "
             "tolerance (targets met or not), 1 otherwise."),
     )
     parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",
