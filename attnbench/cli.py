@@ -437,7 +437,13 @@ def main(argv=None) -> int:
     Returns
     -------
     int
-        The exit status (see each command's ``--help``).
+        The exit status (see each command's ``--help``); 130 after Ctrl-C.
     """
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        # sweeps catch Ctrl-C themselves and keep their rows; elsewhere (the agreement
+        # check, a study) a traceback would say nothing more than this line
+        print(f"\nattnbench {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130

@@ -94,3 +94,13 @@ def test_run_leaves_the_cuda_backend_alone_without_a_gpu(tmp_path):
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ctrl_c_in_the_agreement_check_exits_130_without_a_traceback(tmp_path, monkeypatch,
+                                                                       capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnbench.agreement, "agreement_table", interrupted)
+    assert main(["run", "--grid", "tiny", "--out", str(tmp_path)]) == 130
+    assert "attnbench run: interrupted (Ctrl-C)" in capsys.readouterr().err
