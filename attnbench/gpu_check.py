@@ -162,7 +162,8 @@ def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
     from .hosts import host_peaks, scaling_by_group
     from .journal import JOURNAL_NAME, Journal, journaled, load_journal
     from .scaling import scaling_table
-    from .sweep import PointRunner, run_sweep, save_results
+    from .sweep import PointRunner, run_sweep
+    from .sweep_files import save_results
 
     torch_usable, torch_why = cuda_timing.backend_status("torch-cuda")
     points = sweep_points(mode, torch_cuda=torch_usable)

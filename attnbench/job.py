@@ -34,7 +34,8 @@ import pandas as pd
 from . import html_report, report
 from .grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
 from .sections import Section
-from .sweep import points_summary, run_sweep, save_results
+from .sweep import points_summary, run_sweep
+from .sweep_files import save_results
 
 __all__ = ["PART_B_MODULES", "computed_sections", "run_job", "sweep_command"]
 

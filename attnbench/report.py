@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import hosts, html_report, plots, scaling, sweep
+from . import hosts, html_report, plots, scaling, sweep_files
 from .sections import Section
 
 __all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
@@ -197,7 +197,7 @@ def collect_sections(folder) -> list[Section]:
         sections.append(agreement_section(pd.read_csv(folder / "agreement.csv")))
     meta = {}
     try:
-        table, meta = sweep.load_results(folder)
+        table, meta = sweep_files.load_results(folder)
     except FileNotFoundError:
         table = None
     if table is not None and not table.empty:

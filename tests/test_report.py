@@ -122,7 +122,8 @@ def test_sections_survive_a_round_trip_to_disk(tmp_path):
 
 
 def test_report_is_rebuilt_from_a_sweep_folder(tmp_path):
-    from attnbench.sweep import SweepResult, save_results
+    from attnbench.sweep import SweepResult
+    from attnbench.sweep_files import save_results
 
     table = sweep_table()
     table["reason"] = ""

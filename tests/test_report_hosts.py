@@ -12,7 +12,8 @@ import pytest
 
 from attnbench import hosts, report
 from attnbench.scaling import scaling_table
-from attnbench.sweep import SweepResult, save_results
+from attnbench.sweep import SweepResult
+from attnbench.sweep_files import save_results
 from tests.test_report import assert_self_contained, sweep_table
 
 GPU = "NVIDIA H200 (cc 9.0)"

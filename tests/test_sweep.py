@@ -4,19 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import attnbench.sweep as sweep_module
-from attnbench import peers
+from attnbench import peers, sweep_files
 from attnbench.accuracy import oracle_dtype
 from attnbench.flops import attention_flops
 from attnbench.grid import Grid, Point, expand
-from attnbench.sweep import (
-    PointRunner,
-    load_results,
-    make_inputs,
-    run_sweep,
-    save_results,
-    serial_executor,
-)
+from attnbench.sweep import PointRunner, make_inputs, run_sweep, serial_executor
+from attnbench.sweep_files import load_results, save_results
 
 #: Quick settings: short timing budget, no pause between backends, GEMM peak not measured.
 QUICK = {"max_time": 0.002, "gemm_peaks": {"float32": 100.0, "float64": 50.0},
@@ -183,8 +176,8 @@ def test_the_executor_interface_is_a_function_of_points_and_a_runner():
 def test_save_and_load_round_trip(tiny_sweep, tmp_path, monkeypatch, engine):
     _, result = tiny_sweep
     if engine == "csv only":
-        monkeypatch.setattr(sweep_module, "parquet_engine", lambda: None)
-    elif sweep_module.parquet_engine() is None:
+        monkeypatch.setattr(sweep_files, "parquet_engine", lambda: None)
+    elif sweep_files.parquet_engine() is None:
         pytest.skip("no parquet engine installed")
     written = save_results(result, tmp_path)
     names = {path.name for path in written}
