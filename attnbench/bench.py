@@ -67,7 +67,7 @@ from kernels._validate import check_attention_args
 from . import peers
 from .accuracy import max_abs_error, oracle, tolerance
 from .flops import attention_flops, gflops
-from .gemm_floor import available as floor_available
+from .gemm_floor import measurable as floor_measurable
 from .gemm_floor import tile_gemms_call
 from .machine import gemm_peak_gflops, machine_columns, machine_record, summary_lines
 from .timing import Timing, measure, peak_extra_memory
@@ -268,7 +268,7 @@ def _compare(section: str, config: BenchConfig, *, B: int, H: int, L: int, D: in
     outputs = {name: call() for name, call in calls.items()}
     errors = _errors(outputs, q, k, v, kwargs, config.error_rows)
     del outputs
-    if "numba" in calls and not causal and floor_available():
+    if "numba" in calls and not causal and floor_measurable(q, k, v):
         calls[FLOOR] = tile_gemms_call(q, k, v)  # no attention output: no error
     timings = interleaved(calls, rounds=config.rounds, min_time=config.min_time)
     flops = attention_flops(B, H, L, L, D, causal=causal)
@@ -599,13 +599,15 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         f"non-causal, L >= {config.peak_min_length}, D in {list(config.peak_head_sizes)}",
         ", ".join(f"D={D} L={L}: {p:.0f}%" for (D, L), p in pct.items()), ">= 50%",
         bool((pct >= 50).all()) if len(pct) else None)
-    causal_rows = table[(table["section"] == "causal") & ok]
-    timed = causal_rows.pivot_table(index="L", columns="causal", values="median_ms")
-    if True in timed and False in timed:
-        speedup = (timed[False] / timed[True]).dropna()
+    if True in config.causal and False in config.causal:
+        causal_rows = table[(table["section"] == "causal") & ok]
+        timed = causal_rows.pivot_table(index="L", columns="causal", values="median_ms")
+        speedup = ((timed[False] / timed[True]).dropna() if True in timed and False in timed
+                   else pd.Series(dtype=float))
         add("causal speed-up over non-causal", f"numba, L >= {config.peak_min_length}, "
             "timed in rounds of their own", _fmt_ratio(speedup), ">= 1.8",
-            bool((speedup >= 1.8).all()) if len(speedup) else None)
+            bool((speedup >= 1.8).all()) if len(speedup) else None,
+            "" if len(speedup) else f"no causal rows (no L >= {config.peak_min_length})")
     memory = table[(table["section"] == "memory") & (table["impl"] == "numba") & ok]
     if len(memory):
         row = memory.iloc[0]
@@ -707,19 +709,22 @@ def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
                      "numba / numpy": "" if ratio["vs_numpy"] != ratio["vs_numpy"]
                      else f"{ratio['vs_numpy']:.2f}",
                      "numba % of GEMM peak": f"{ratio['pct_of_gemm_peak']:.0f}"})
-    machine = meta["machine"]
+    machine, config = meta["machine"], meta["config"]
     peaks = meta["gemm_peak_gflops"]["used"]
     blas = machine_columns(machine)["blas"]
+    seconds = meta["seconds"]
+    took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    torch = f"torch {machine['torch']}" if machine.get("torch") else "torch not installed"
     header = (
-        f"`{command_line or 'attnbench bench'}` ({meta['seconds'] / 60:.0f} min), on "
-        f"{machine['cpu_model']} ({machine['usable_cores']} cores), {meta['threads']} threads "
-        f"for numba, torch and NumPy's BLAS; Numba {machine['numba']} "
-        f"({machine['numba_threading_layer']} layer), torch {machine['torch']}, NumPy "
-        f"{machine['numpy']}; BLAS {blas}. Float32 GEMM peak measured in the "
+        f"`{command_line or 'attnbench bench'}` ({took}), on {machine['cpu_model']} "
+        f"({machine['usable_cores']} cores), {meta['threads']} threads for numba and each "
+        f"peer; Numba {machine['numba']} ({machine['numba_threading_layer']} layer), "
+        f"{torch}, NumPy {machine['numpy']}; BLAS {blas}. Float32 GEMM peak measured in the "
         f"run: {peaks['float32']:.0f} GFLOP/s. Load average {meta['load_average'][0]:.2f} "
-        f"before, {meta['load_average'][1]:.2f} after. B=1, H=12, D=64, float32; medians of "
-        f"interleaved rounds (interquartile range in brackets); \"GEMMs alone\" is numba's "
-        f"two tile GEMMs without the softmax (the floor under its time).")
+        f"before, {meta['load_average'][1]:.2f} after. B={config['batch']}, "
+        f"H={config['heads']}, D={config['head_size']}, float32; medians of interleaved "
+        f"rounds (interquartile range in brackets); \"GEMMs alone\" is numba's two tile "
+        f"GEMMs without the softmax (the floor under its time).")
     shown_targets = targets.assign(met=targets["met"].map({True: "met", False: "**missed**",
                                                            None: "n/a"}))
     shown_targets = shown_targets.fillna("")

@@ -4,11 +4,12 @@ The ``numba`` backend (:mod:`kernels.numba_cpu`) spends most of its time in two 
 products per tile, ``S = Q_blk · K_tileᵀ`` and ``P · V_tile``; the softmax between them
 (scale, row max, exp, sums, rescaling) is the rest.  :func:`tile_gemms` runs the same
 products on the same tiles, split into the same parallel tasks, with the BLAS held to one
-thread in the same way, and nothing else: no softmax, no masking, no validation.  Its time
-is what the kernel would take if the softmax were free, so ``tile GEMMs / torch`` is the
-lowest ``numba / torch`` ratio that any kernel built on these BLAS calls can reach on the
-machine.  ``attnbench bench`` times it beside the kernel (non-causal shapes only: the
-causal kernel's diagonal tiles have no single counterpart).
+thread in the same way, and nothing else: validation as in a kernel call, then no softmax
+and no masking.  Its time is what the kernel would take if the softmax were free, so
+``tile GEMMs / torch`` is the lowest ``numba / torch`` ratio that any kernel built on these
+BLAS calls can reach on the machine.  ``attnbench bench`` times it beside the kernel on
+non-causal shapes that run the parallel kernel (:func:`measurable`): the causal kernel's
+diagonal tiles have no single counterpart, and small problems run the serial kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from numba import njit, prange
 from kernels import numba_cpu
 from kernels._validate import check_attention_args
 
-__all__ = ["available", "tile_gemms", "tile_gemms_call"]
+__all__ = ["available", "measurable", "tile_gemms", "tile_gemms_call"]
 
 
 def available() -> bool:
@@ -31,12 +32,19 @@ def available() -> bool:
     return numba_cpu.HAVE_BLAS
 
 
+def measurable(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """True where the kernel would run these inputs in parallel with the BLAS: the floor's case."""
+    return available() and not numba_cpu.is_small(check_attention_args(q, k, v))
+
+
 @njit(parallel=True, cache=True)
 def _tile_gemms(q, k, v, out, block_q, block_k):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
     n_blocks = (Lq + block_q - 1) // block_q
-    for task in prange(B * H * n_blocks):  # (batch, head, query block), as the kernel
+    # (batch, head, query block): the kernel's tasks, in plain order (its zigzag order only
+    # balances causal blocks)
+    for task in prange(B * H * n_blocks):
         bh, block = task // n_blocks, task % n_blocks
         b, h = bh // H, bh % H
         hk = h // (H // Hkv)
@@ -71,16 +79,21 @@ def tile_gemms(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     ------
     kernels.BackendUnavailableError
         Without SciPy the kernel uses no BLAS, and there is no floor to measure.
+    ValueError
+        For a problem the kernel runs serially (:func:`kernels.numba_cpu.is_small`): the
+        floor models the parallel kernel.
     """
     if not available():
         from kernels import BackendUnavailableError
 
         raise BackendUnavailableError("the tile GEMMs need SciPy's BLAS (and threadpoolctl)")
     problem = check_attention_args(q, k, v)
+    if numba_cpu.is_small(problem):
+        raise ValueError(f"shape {problem.shape} runs the serial kernel: no parallel floor")
     block_q = numba_cpu.block_rows(problem, numba.get_num_threads())
     B, H, _, Lq, _, _, Dv = problem.shape
     out = np.empty((B, H, Lq, Dv), dtype=problem.dtype)
-    with numba_cpu.single_threaded_blas():
+    with numba_cpu.launch_guard(), numba_cpu.single_threaded_blas():
         _tile_gemms(problem.q, problem.k, problem.v, out, block_q, numba_cpu.BLOCK_K)
     return out
 

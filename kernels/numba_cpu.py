@@ -571,7 +571,7 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
 _launch_lock = threading.Lock()
 
 
-def _launch_guard():
+def launch_guard():
     try:
         layer = numba.threading_layer()
     except ValueError:  # no parallel kernel has run yet
@@ -697,7 +697,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     guarded = use_blas and (parallel or tile > _BLAS_SINGLE_THREADED_WORK)
     blas_guard = single_threaded_blas() if guarded else nullcontext()
     if parallel:
-        with _launch_guard(), blas_guard:
+        with launch_guard(), blas_guard:
             _attention_parallel(*args)
     else:
         with blas_guard:

@@ -3,7 +3,7 @@
 Numba's threading layers differ: 'omp' and 'tbb' accept parallel launches from
 several threads, 'workqueue' aborts the process on them.  kernels.numba_cpu
 serialises launches only when the layer in use is 'workqueue' (see
-``_launch_guard``); these tests run both the parallel and the serial kernel from a
+``launch_guard``); these tests run both the parallel and the serial kernel from a
 thread pool and compare with single-threaded results bit for bit.
 """
 
@@ -42,6 +42,6 @@ def test_threads_get_the_same_results_as_one_thread(path, monkeypatch):
 
 def test_launch_guard_serialises_only_the_unsafe_layer(monkeypatch):
     monkeypatch.setattr(numba_cpu.numba, "threading_layer", lambda: "workqueue")
-    assert numba_cpu._launch_guard() is numba_cpu._launch_lock
+    assert numba_cpu.launch_guard() is numba_cpu._launch_lock
     monkeypatch.setattr(numba_cpu.numba, "threading_layer", lambda: "omp")
-    assert numba_cpu._launch_guard() is not numba_cpu._launch_lock
+    assert numba_cpu.launch_guard() is not numba_cpu._launch_lock
