@@ -491,6 +491,16 @@ def _check_out(out, shape: tuple, dtype: np.dtype, stream):
     return out
 
 
+def _validated(q, k, v, out, stream, **kwargs):
+    """``(problem, q, k, v, out)`` for device inputs: every check, and ``out`` checked or
+    allocated, shape (B, H, Lq, Dv).  ``kwargs`` are :func:`attention_device`'s."""
+    q, k, v = (_as_device_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    problem = _device_problem(q, k, v, **kwargs)
+    check_supported(problem)
+    B, H, _, Lq, _, _, Dv = problem.shape
+    return problem, q, k, v, _check_out(out, (B, H, Lq, Dv), problem.dtype, stream)
+
+
 def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
                      dropout_p=0.0, seed=None, return_weights=False, out=None, stream=0):
     """Masked multi-head attention on device arrays; nothing big is copied to or from the host.
@@ -526,17 +536,13 @@ def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scal
         above MAX_HEAD_DIM.
     """
     with _simulator_lock:
-        q, k, v = (_as_device_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-        problem = _device_problem(
-            q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
-            dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+        problem, q, k, v, out = _validated(
+            q, k, v, out, stream, causal=causal, mask=mask, key_lengths=key_lengths,
+            scale=scale, dropout_p=dropout_p, seed=seed, return_weights=return_weights,
         )
-        check_supported(problem)
-        B, H, _, Lq, Lk, _, Dv = problem.shape
-        dtype = problem.dtype
-        out = _check_out(out, (B, H, Lq, Dv), dtype, stream)  # (B, H, Lq, Dv)
+        B, H, _, Lq, Lk, _, _ = problem.shape
         weights_shape = (B, H, Lq, Lk) if return_weights else (1, 1, 1, 1)
-        weights = cuda.device_array(weights_shape, dtype=dtype, stream=stream)
+        weights = cuda.device_array(weights_shape, dtype=problem.dtype, stream=stream)
         _launch(problem, q, k, v, out, weights, stream=stream)
         return (out, weights) if return_weights else out
 
@@ -552,14 +558,10 @@ def prepare_launch(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=
     ``return_weights``).
     """
     with _simulator_lock:
-        q, k, v = (_as_device_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-        problem = _device_problem(
-            q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
-            dropout_p=dropout_p, seed=seed, return_weights=False,
+        problem, q, k, v, out = _validated(
+            q, k, v, out, stream, causal=causal, mask=mask, key_lengths=key_lengths,
+            scale=scale, dropout_p=dropout_p, seed=seed, return_weights=False,
         )
-        check_supported(problem)
-        B, H, _, Lq, _, _, Dv = problem.shape
-        out = _check_out(out, (B, H, Lq, Dv), problem.dtype, stream)  # (B, H, Lq, Dv)
         weights = cuda.device_array((1, 1, 1, 1), dtype=problem.dtype, stream=stream)
         launch = _launcher(problem, q, k, v, out, weights, stream=stream)
 
