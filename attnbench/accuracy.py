@@ -47,7 +47,7 @@ def oracle(problem):
 
     Parameters
     ----------
-    problem : kernels._validate.AttentionProblem
+    problem : kernels.AttentionProblem
 
     Returns
     -------

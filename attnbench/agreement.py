@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 
 import kernels
-from kernels._backends import available_backends, cuda_status, has_real_gpu
-from kernels._validate import check_attention_args
+from kernels import available_backends, cuda_status, has_real_gpu
 
 from .accuracy import max_abs_error, oracle, tolerance
 from .flops import flops_of_problem, gflops
@@ -168,7 +167,7 @@ def _build_cases(grid: str, dtypes) -> list[_Case]:
             for dtype in map(np.dtype, dtypes):
                 rng = np.random.default_rng([SEED, case_index, mask_index])
                 q, k, v, kwargs = make_inputs(shape, mask_kind, dtype, rng)
-                problem = check_attention_args(q, k, v, **kwargs)
+                problem = kernels.prepare(q, k, v, **kwargs)
                 exact, plain = oracle(problem)  # (B, H, Lq, Dv) each
                 cases.append(_Case(
                     columns={"case": shape.name, **shape.sizes(), "mask": mask_kind,

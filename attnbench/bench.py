@@ -62,7 +62,6 @@ import numpy as np
 import pandas as pd
 
 import kernels
-from kernels._validate import check_attention_args
 
 from . import peers
 from .accuracy import max_abs_error, oracle, tolerance
@@ -215,7 +214,7 @@ def _error_problem(q, k, v, kwargs: dict, rows: int):
     sub_kwargs = dict(kwargs)
     if kwargs.get("causal"):
         sub_kwargs["causal"] = "bottom-right"  # keeps query i seeing keys <= i
-    problem = check_attention_args(q[:, :1, L - rows:], k[:, :1], v[:, :1], **sub_kwargs)
+    problem = kernels.prepare(q[:, :1, L - rows:], k[:, :1], v[:, :1], **sub_kwargs)
     return problem, slice(L - rows, L)
 
 

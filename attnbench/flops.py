@@ -23,7 +23,7 @@ import numbers
 
 import numpy as np
 
-from kernels._validate import _check_causal
+import kernels
 
 __all__ = [
     "attention_flops",
@@ -42,7 +42,7 @@ def causal_offset(causal, Lq: int, Lk: int) -> int | None:
     causal : bool, {"top-left", "bottom-right"}, int or None
         ``False``/``None``: not causal.  ``True``/``"top-left"``: offset 0 (PyTorch's
         ``is_causal``).  ``"bottom-right"``: offset ``Lk - Lq`` (FlashAttention).  An int
-        is taken as the offset itself (as :class:`kernels._validate.AttentionProblem` stores it).
+        is taken as the offset itself (as :class:`kernels.AttentionProblem` stores it).
     Lq, Lk : int
         Number of queries and keys.
 
@@ -56,7 +56,7 @@ def causal_offset(causal, Lq: int, Lk: int) -> int | None:
     if isinstance(causal, numbers.Integral) and not isinstance(causal, bool):
         return int(causal)
     try:
-        return _check_causal(causal, Lq, Lk)  # the kernels' own reading of the flag
+        return kernels.causal_offset(causal, Lq, Lk)  # the kernels' own reading of the flag
     except ValueError:
         raise ValueError(f"causal={causal!r}; expected False, True, 'top-left', "
                          "'bottom-right' or an int offset") from None
@@ -183,18 +183,18 @@ def attention_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = N
 
 
 def flops_of_problem(problem) -> int:
-    """FLOPs of a validated :class:`kernels._validate.AttentionProblem` (its masks included).
+    """FLOPs of a validated :class:`kernels.AttentionProblem` (its masks included).
 
     Parameters
     ----------
-    problem : kernels._validate.AttentionProblem
+    problem : kernels.AttentionProblem
 
     Returns
     -------
     int
     """
     B, H, _, Lq, Lk, D, Dv = problem.shape
-    mask = None if problem.mask is None else problem.mask != -np.inf  # (Bm, Hm, Lqm, Lkm)
+    mask = problem.visibility_mask()  # (Bm, Hm, Lqm, Lkm) or None
     return attention_flops(B, H, Lq, Lk, D, Dv, causal=problem.causal_offset,
                            key_lengths=problem.key_lengths, mask=mask)
 

@@ -21,8 +21,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+import kernels
 from kernels import numba_cpu
-from kernels._validate import check_attention_args
 
 __all__ = ["available", "measurable", "tile_gemms", "tile_gemms_call"]
 
@@ -34,7 +34,7 @@ def available() -> bool:
 
 def measurable(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
     """True where the kernel would run these inputs in parallel with the BLAS: the floor's case."""
-    return available() and not numba_cpu.is_small(check_attention_args(q, k, v))
+    return available() and not numba_cpu.is_small(kernels.prepare(q, k, v))
 
 
 @njit(parallel=True, cache=True)
@@ -87,7 +87,7 @@ def tile_gemms(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         from kernels import BackendUnavailableError
 
         raise BackendUnavailableError("the tile GEMMs need SciPy's BLAS (and threadpoolctl)")
-    problem = check_attention_args(q, k, v)
+    problem = kernels.prepare(q, k, v)
     if numba_cpu.is_small(problem):
         raise ValueError(f"shape {problem.shape} runs the serial kernel: no parallel floor")
     block_q = numba_cpu.block_rows(problem, numba.get_num_threads())

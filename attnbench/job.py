@@ -267,7 +267,7 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
     sweep_max_time : float
         Timing budget per sweep point (s).
     """
-    from kernels._backends import has_real_gpu
+    from kernels import has_real_gpu
 
     from .scaling import scaling_table
 

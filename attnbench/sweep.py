@@ -45,7 +45,6 @@ import numpy as np
 import pandas as pd
 
 import kernels
-from kernels._validate import check_attention_args
 
 from . import peers
 from .accuracy import max_abs_error, oracle, oracle_dtype, tolerance
@@ -248,7 +247,7 @@ class PointRunner:
         if key not in self._oracles:
             from threadpoolctl import threadpool_limits
 
-            problem = check_attention_args(q, k, v, **kwargs)
+            problem = kernels.prepare(q, k, v, **kwargs)
             with threadpool_limits(limits=1, user_api="blas"):
                 exact, plain = oracle(problem)  # (B, H, L, D) each
             self._oracles[key] = (exact, tolerance(exact, plain, problem.dtype))

@@ -14,16 +14,28 @@ imports neither Numba nor the CUDA driver; kernels compile on first use and are 
 from __future__ import annotations
 
 from . import _backends
-from ._backends import BackendUnavailableError, available_backends
-from ._validate import check_attention_args, check_backend
+from ._backends import (
+    BackendUnavailableError,
+    available_backends,
+    cuda_simulator_enabled,
+    cuda_status,
+    has_real_gpu,
+)
+from ._validate import AttentionProblem, causal_offset, check_attention_args, check_backend
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
 __all__ = [
     "attention",
+    "prepare",
     "softmax",
     "MultiHeadAttention",
+    "AttentionProblem",
     "available_backends",
+    "cuda_status",
+    "has_real_gpu",
+    "cuda_simulator_enabled",
+    "causal_offset",
     "BackendUnavailableError",
 ]
 __version__ = "0.1.0"
@@ -86,7 +98,7 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         (a ValueError) ``backend="cuda"`` where neither a GPU nor the simulator is usable.
     """
     backend = check_backend(backend)
-    problem = check_attention_args(
+    problem = prepare(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
@@ -95,3 +107,41 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     if return_weights:
         return problem.restore(out), problem.restore(weights)
     return problem.restore(out)
+
+
+def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
+            dropout_p=0.0, seed=None, return_weights=False) -> AttentionProblem:
+    """Validate the arguments of :func:`attention` and normalise them, without running it.
+
+    For callers that need the problem a call describes (its shape, its visible pairs, its
+    FLOPs) or want to validate once and time a backend many times.  Takes the keywords of
+    :func:`attention` except ``backend``.
+
+    Returns
+    -------
+    AttentionProblem
+        A frozen dataclass: q ``(B, H, Lq, D)``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``
+        (contiguous, one dtype; leading batch dims folded into B), ``mask`` as given (bool or
+        additive; ``additive_mask()`` and ``visibility_mask()`` give each form),
+        ``key_lengths`` (int64, shape (B,)), ``causal_offset`` (query i sees keys
+        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``.
+        ``shape`` is ``(B, H, Hkv, Lq, Lk, D, Dv)``; ``visible()`` is the (B, H, Lq, Lk)
+        bool visibility of every pair (an L x L array: for small problems).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`attention`.
+
+    Examples
+    --------
+    >>> import numpy as np, kernels
+    >>> q = np.zeros((2, 4, 8, 16), np.float32)
+    >>> p = kernels.prepare(q, q[:, :2], q[:, :2], causal="bottom-right")
+    >>> p.shape, p.causal_offset
+    ((2, 4, 2, 8, 8, 16, 16), 0)
+    """
+    return check_attention_args(
+        q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
+        dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+    )

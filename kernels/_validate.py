@@ -1,10 +1,10 @@
 """Argument checking and normalisation for :func:`kernels.attention`.
 
 Every backend receives an :class:`AttentionProblem`: contiguous 4-D arrays of
-one floating dtype, a mask as an additive float array whose ``-inf`` entries mean
-"not visible" (a bool mask is kept as given in ``bool_mask``, for backends that read
-it directly, and turned into the additive form only when ``mask`` is first read), key
-lengths as ``int64`` and the causal alignment as a single integer offset.  All
+one floating dtype, a mask kept as given (bool, or additive float whose ``-inf``
+entries mean "not visible"; the problem converts between the two on request), key
+lengths as ``int64`` and the causal alignment as a single integer offset (the one
+representation of ``causal`` from here to the kernels; :func:`causal_offset` parses it).  All
 user-facing errors are raised here, before any kernel runs, so no backend ever sees an
 argument it could misinterpret (and no user ever sees a Numba typing traceback).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,9 +26,12 @@ CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 class AttentionProblem:
     """One validated attention call, in the layout every backend expects.
 
+    Built by :func:`kernels.prepare` (which :func:`kernels.attention` calls first).
     Shapes use B = product of the caller's leading batch dims (1 if none),
     H query heads, Hkv key/value heads, Lq queries, Lk keys, D head size and
-    Dv value size.
+    Dv value size.  The mask is kept in the form it was given (bool or additive float,
+    so a bool L x L mask is never converted unless a backend asks for the other form):
+    :meth:`additive_mask` and :meth:`visibility_mask` give the two forms explicitly.
     """
 
     q: np.ndarray  # (B, H, Lq, D), C-contiguous
@@ -36,33 +39,34 @@ class AttentionProblem:
     v: np.ndarray  # (B, Hkv, Lk, Dv), C-contiguous
     batch_shape: tuple  # the caller's leading dims, restored on output
     had_head_dim: bool  # False for 2-D (L, D) inputs
-    mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm) additive in q.dtype, dims 1 or full; -inf hides
-    # (a bool mask may be passed as ``mask``: it is moved to ``bool_mask`` and the additive
-    # form is built on the first read of ``mask``, see __post_init__ and __getattr__)
+    mask: np.ndarray | None  # (Bm, Hm, Lqm, Lkm), dims 1 or full: bool (True = attend)
+    # or additive in q.dtype (-inf hides), as the caller gave it; None = no mask
     key_lengths: np.ndarray | None  # (B,) int64 in [0, Lk]
     causal_offset: int | None  # query i sees keys j <= i + offset; None = not causal
     scale: float  # multiplies q . k
     dropout_p: float  # probability of dropping an attention weight, in [0, 1)
     seed: int  # dropout seed in [0, 2**32)
     return_weights: bool
-    bool_mask: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
-    # (Bm, Hm, Lqm, Lkm) bool, True = attend, when the mask was given as bool; else None
 
-    def __post_init__(self):
-        given = self.__dict__["mask"]
-        if given is not None and given.dtype == np.bool_:
-            # Converting an L x L bool mask costs more than some kernels take to read it:
-            # keep it, and leave ``mask`` unset until a backend asks for it.
-            object.__setattr__(self, "bool_mask", given)
-            del self.__dict__["mask"]
+    @property
+    def mask_is_bool(self) -> bool:
+        """True when the mask was given as bool (True = attend)."""
+        return self.mask is not None and self.mask.dtype == np.bool_
 
-    def __getattr__(self, name):
-        # Reached only when ``name`` is not set: ``mask`` of a bool-mask problem, first read.
-        if name == "mask" and self.__dict__.get("bool_mask") is not None:
-            additive = _additive(self.bool_mask, self.q.dtype)
-            object.__setattr__(self, "mask", additive)
-            return additive
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def additive_mask(self) -> np.ndarray | None:
+        """The mask as additive scores in the problem's dtype (``-inf`` hides), or None.
+
+        A bool mask is converted on each call (an array of the mask's size).
+        """
+        if self.mask_is_bool:
+            return _additive(self.mask, self.q.dtype)
+        return self.mask
+
+    def visibility_mask(self) -> np.ndarray | None:
+        """The mask as bool visibility (True = attend; an additive ``-inf`` hides), or None."""
+        if self.mask is None or self.mask_is_bool:
+            return self.mask
+        return self.mask != -np.inf
 
     @property
     def dtype(self) -> np.dtype:
@@ -101,10 +105,8 @@ class AttentionProblem:
             vis &= j <= i + self.causal_offset
         if self.key_lengths is not None:
             vis &= j[None, None] < self.key_lengths[:, None, None, None]
-        if self.bool_mask is not None:
-            vis &= self.bool_mask
-        elif self.mask is not None:
-            vis &= self.mask != -np.inf
+        if self.mask is not None:
+            vis &= self.visibility_mask()
         return vis
 
     def restore(self, x: np.ndarray) -> np.ndarray:
@@ -141,7 +143,8 @@ def check_backend(backend) -> str:
     return backend
 
 
-def _check_qkv(q, k, v):
+def check_qkv(q, k, v):
+    """Check q, k and v (types, dtypes, shapes that fit together); return them as arrays."""
     q = _as_float_array("q", q)
     k = _as_float_array("k", k)
     v = _as_float_array("v", v)
@@ -204,8 +207,8 @@ def _additive(bool_mask: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     """Turn a mask broadcastable to ``full_shape`` into a 4-D mask: bool, or additive in dtype.
 
-    A bool mask stays bool (True = attend); :class:`AttentionProblem` builds its additive
-    form when a backend reads ``mask``.  A float mask is cast to ``dtype``.
+    A bool mask stays bool (True = attend; :meth:`AttentionProblem.additive_mask` converts
+    it where a backend needs the additive form).  A float mask is cast to ``dtype``.
     """
     if mask is None:
         return None
@@ -263,7 +266,19 @@ def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray |
     return np.ascontiguousarray(arr)
 
 
-def _check_causal(causal, Lq: int, Lk: int) -> int | None:
+def causal_offset(causal, Lq: int, Lk: int) -> int | None:
+    """The ``causal`` argument as an offset: query ``i`` sees keys ``j <= i + offset``.
+
+    Parameters
+    ----------
+    causal : bool or {"top-left", "bottom-right"} or None
+        ``False``/``None``: not causal (returns None).  ``True``/``"top-left"``: 0 (PyTorch's
+        ``is_causal``).  ``"bottom-right"``: ``Lk - Lq`` (FlashAttention's alignment).
+    Lq, Lk : int
+        Number of queries and keys.
+    """
+    if isinstance(causal, np.bool_):
+        causal = bool(causal)
     if causal is False or causal is None:
         return None
     if causal is True or causal == "top-left":
@@ -301,6 +316,32 @@ def check_dropout(dropout_p, seed) -> tuple[float, int]:
     return dropout_p, seed
 
 
+def check_options(q_shape: tuple, k_shape: tuple, dtype: np.dtype, *, causal=False, mask=None,
+                  key_lengths=None, scale=None, dropout_p=0.0, seed=None,
+                  return_weights=False) -> dict:
+    """Validate every argument of :func:`kernels.attention` except the arrays themselves.
+
+    ``q_shape`` and ``k_shape`` are the shapes of already-checked q and k (see
+    :func:`check_qkv`).  Returns the :class:`AttentionProblem` fields other than q, k, v.
+    """
+    had_head_dim = len(q_shape) >= 3
+    batch_shape = tuple(q_shape[:-3])
+    Lq, Lk, D = q_shape[-2], k_shape[-2], q_shape[-1]
+    H = q_shape[-3] if had_head_dim else 1
+    full_scores_shape = batch_shape + ((H,) if had_head_dim else ()) + (Lq, Lk)
+    offset = causal_offset(causal, Lq, Lk)
+    scale = _check_scale(scale, D)
+    dropout_p, seed = check_dropout(dropout_p, seed)
+    if not isinstance(return_weights, bool | np.bool_):
+        raise TypeError(f"return_weights must be a bool; got {type(return_weights).__name__}")
+    return dict(
+        batch_shape=batch_shape, had_head_dim=had_head_dim,
+        mask=_check_mask(mask, full_scores_shape, dtype),
+        key_lengths=_check_key_lengths(key_lengths, batch_shape, Lk), causal_offset=offset,
+        scale=scale, dropout_p=dropout_p, seed=seed, return_weights=bool(return_weights),
+    )
+
+
 def check_attention_args(
     q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     dropout_p=0.0, seed=None, return_weights=False,
@@ -315,22 +356,9 @@ def check_attention_args(
         Shapes that do not fit together or values out of range; the message names the
         argument, the shapes seen and what was expected.
     """
-    q, k, v = _check_qkv(q, k, v)
-    had_head_dim = q.ndim >= 3
-    batch_shape = tuple(q.shape[:-3])
-    Lq, Lk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    H = q.shape[-3] if had_head_dim else 1
-    full_scores_shape = batch_shape + ((H,) if had_head_dim else ()) + (Lq, Lk)
-    causal_offset = _check_causal(causal, Lq, Lk)
-    scale = _check_scale(scale, D)
-    dropout_p, seed = check_dropout(dropout_p, seed)
-    if not isinstance(return_weights, bool | np.bool_):
-        raise TypeError(f"return_weights must be a bool; got {type(return_weights).__name__}")
-    mask4 = _check_mask(mask, full_scores_shape, q.dtype)
-    lengths = _check_key_lengths(key_lengths, batch_shape, Lk)
-    return AttentionProblem(
-        q=_to_4d(q), k=_to_4d(k), v=_to_4d(v),
-        batch_shape=batch_shape, had_head_dim=had_head_dim,
-        mask=mask4, key_lengths=lengths, causal_offset=causal_offset,
-        scale=scale, dropout_p=dropout_p, seed=seed, return_weights=bool(return_weights),
+    q, k, v = check_qkv(q, k, v)
+    fields = check_options(
+        q.shape, k.shape, q.dtype, causal=causal, mask=mask, key_lengths=key_lengths,
+        scale=scale, dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
+    return AttentionProblem(q=_to_4d(q), k=_to_4d(k), v=_to_4d(v), **fields)

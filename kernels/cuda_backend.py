@@ -50,15 +50,7 @@ import numpy as np
 from numba import cuda
 
 from ._dropout import build_dropout_bits, dropout_threshold
-from ._validate import (
-    AttentionProblem,
-    _check_causal,
-    _check_key_lengths,
-    _check_mask,
-    _check_qkv,
-    _check_scale,
-    check_dropout,
-)
+from ._validate import AttentionProblem, check_options, check_qkv
 
 #: Largest head size (D and Dv) the kernel supports: the size of its per-thread arrays.
 MAX_HEAD_DIM = 256
@@ -355,7 +347,7 @@ def _launcher(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     n_blocks = B * H * ((Lq + block_q - 1) // block_q)
 
     has_mask = problem.mask is not None
-    mask = problem.mask.reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
+    mask = problem.additive_mask().reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
     mask_dev = cuda.to_device(mask, stream=stream)  # (mask size,)
     lengths_dev = cuda.to_device(problem.key_lengths_or_full(), stream=stream)  # (B,)
     mask_sb, mask_sh, mask_si, mask_sj = problem.mask_strides()
@@ -458,24 +450,15 @@ def _to_host(name: str, x):
     return x
 
 
-def _device_problem(q, k, v, *, causal, mask, key_lengths, scale, dropout_p, seed,
-                    return_weights) -> AttentionProblem:
+def _device_problem(q, k, v, **options) -> AttentionProblem:
     """Validate the device arrays' shapes and the other arguments, without copying q, k, v."""
     for name, x, letter in (("q", q, "q"), ("k", k, "k"), ("v", v, "k")):
         _check_device_layout(name, x, letter)
-    q0, k0, v0 = _check_qkv(_stand_in(q), _stand_in(k), _stand_in(v))
-    B, H, Lq, D = q0.shape
-    Lk = k0.shape[2]
-    if not isinstance(return_weights, bool | np.bool_):
-        raise TypeError(f"return_weights must be a bool; got {type(return_weights).__name__}")
-    dropout_p, seed = check_dropout(dropout_p, seed)
-    return AttentionProblem(
-        q=q0, k=k0, v=v0, batch_shape=(B,), had_head_dim=True,
-        mask=_check_mask(_to_host("mask", mask), (B, H, Lq, Lk), q0.dtype),
-        key_lengths=_check_key_lengths(_to_host("key_lengths", key_lengths), (B,), Lk),
-        causal_offset=_check_causal(causal, Lq, Lk), scale=_check_scale(scale, D),
-        dropout_p=dropout_p, seed=seed, return_weights=bool(return_weights),
-    )
+    q0, k0, v0 = check_qkv(_stand_in(q), _stand_in(k), _stand_in(v))
+    options["mask"] = _to_host("mask", options.get("mask"))
+    options["key_lengths"] = _to_host("key_lengths", options.get("key_lengths"))
+    return AttentionProblem(q=q0, k=k0, v=v0,
+                            **check_options(q0.shape, k0.shape, q0.dtype, **options))
 
 
 def _check_out(out, shape: tuple, dtype: np.dtype, stream):

@@ -30,7 +30,7 @@ Masking, and what is never read:
 - a NaN score at a visible position makes the row NaN; a row that sees no key gets 0.
 
 Bool masks are read as they are (one byte per entry, no additive copy): see
-``AttentionProblem.bool_mask``.
+``AttentionProblem.mask_is_bool``.
 """
 
 from __future__ import annotations
@@ -645,7 +645,7 @@ def is_small(problem: AttentionProblem) -> bool:
 
 def _mask_arguments(problem: AttentionProblem, dtype):
     """The flattened mask (bool or additive), its element strides (0 = broadcast) and a flag."""
-    mask = problem.bool_mask if problem.bool_mask is not None else problem.mask
+    mask = problem.mask  # bool (read as bytes) or additive, as the caller gave it
     if mask is None:
         return np.zeros(1, dtype=dtype), np.zeros(4, dtype=np.int64), False
     strides = [0 if n == 1 else s // mask.itemsize for n, s in zip(mask.shape, mask.strides,

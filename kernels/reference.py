@@ -71,7 +71,7 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     with np.errstate(invalid="ignore", over="ignore"):
         scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
         if problem.mask is not None:
-            scores = scores + problem.mask.astype(ct)
+            scores = scores + problem.additive_mask().astype(ct)
     visible = problem.visible()  # (B, H, Lq, Lk)
     weights = _softmax_visible(scores, visible)  # (B, H, Lq, Lk)
 

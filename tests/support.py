@@ -23,7 +23,6 @@ import pytest
 import kernels
 from attnbench.accuracy import max_abs_error, oracle_dtype, tolerance
 from kernels import reference
-from kernels._validate import check_attention_args
 
 DTYPES = (np.float32, np.float64)
 
@@ -101,7 +100,7 @@ def oracle(q, k, v, **kwargs):
     error of its own.
     """
     kwargs = dict(kwargs, return_weights=True)
-    problem = check_attention_args(q, k, v, **kwargs)
+    problem = kernels.prepare(q, k, v, **kwargs)
     exact = reference.run(problem, compute_dtype=oracle_dtype(problem.dtype), keep_precision=True)
     plain = reference.run(problem, compute_dtype=problem.dtype)
     exact = tuple(problem.restore(x) for x in exact)

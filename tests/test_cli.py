@@ -11,7 +11,7 @@ import pytest
 import attnbench.agreement
 from attnbench.agreement import MASK_KINDS, select_backends
 from attnbench.cli import main
-from kernels._backends import has_real_gpu
+from kernels import has_real_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_python_dash_m_help():
 def test_run_leaves_the_cuda_backend_alone_without_a_gpu(tmp_path):
     """Without a real GPU, ``run`` never imports kernels.cuda_backend (even with the simulator)."""
     script = (
-        "import sys; from attnbench.cli import main; from kernels._backends import has_real_gpu\n"
+        "import sys; from attnbench.cli import main; from kernels import has_real_gpu\n"
         "status = main(['run', '--grid', 'tiny', '--max-time', '0.001', '--out', sys.argv[1]])\n"
         "assert has_real_gpu() or 'kernels.cuda_backend' not in sys.modules\n"
         "sys.exit(status)\n"

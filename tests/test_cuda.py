@@ -224,11 +224,11 @@ def test_head_size_above_the_limit_is_rejected():
     D = cuda_backend.MAX_HEAD_DIM + 1
     q = np.zeros((1, 2, D), dtype=np.float32)
     with pytest.raises(ValueError, match=r"up to 256.*D=257"):
-        cuda_backend.check_supported(check_attention_args(q, q, q))
+        cuda_backend.check_supported(kernels.prepare(q, q, q))
     with pytest.raises(ValueError, match="up to 256"):
         kernels.attention(q, q, q, backend="cuda")
     ok = np.zeros((1, 2, cuda_backend.MAX_HEAD_DIM), dtype=np.float32)
-    cuda_backend.check_supported(check_attention_args(ok, ok, ok))
+    cuda_backend.check_supported(kernels.prepare(ok, ok, ok))
 
 
 def test_keys_per_tile_fit_in_shared_memory():
@@ -250,7 +250,7 @@ def test_attention_device_round_trip_equals_run():
 
     q, k, v, kwargs = _device_inputs()
     expected_out, expected_w = cuda_backend.run(
-        check_attention_args(q, k, v, return_weights=True, **kwargs)
+        kernels.prepare(q, k, v, return_weights=True, **kwargs)
     )
     q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))
     out, weights = cuda_backend.attention_device(q_dev, k_dev, v_dev, return_weights=True,

@@ -5,6 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kernels
+
 from attnbench.flops import (
     attention_flops,
     causal_offset,
@@ -12,7 +14,6 @@ from attnbench.flops import (
     gflops,
     visible_pairs,
 )
-from kernels._validate import check_attention_args
 
 CAUSAL_KINDS = (False, True, "top-left", "bottom-right")
 
@@ -131,7 +132,7 @@ def test_flops_of_problem_counts_what_kernels_see(kwargs):
     q = rng.standard_normal((2, 4, 7, 16))
     k = rng.standard_normal((2, 2, 5, 16))
     v = rng.standard_normal((2, 2, 5, 8))
-    problem = check_attention_args(q, k, v, **kwargs)
+    problem = kernels.prepare(q, k, v, **kwargs)
     expected = int(problem.visible().sum()) * 2 * (16 + 8)  # kernels' own visibility
     assert flops_of_problem(problem) == expected
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kernels
 from kernels import numba_cpu
-from kernels._validate import AttentionProblem, check_attention_args
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -275,25 +275,23 @@ def test_integer_max_keys_order_as_the_floats(dtype):
     np.testing.assert_array_equal(back, x)
 
 
-def test_bool_masks_are_kept_as_bool_until_read():
-    """The bool mask reaches the backends as given; the additive form is built on demand."""
+def test_bool_masks_reach_the_backends_as_given():
+    """A bool mask is kept as bool; each other form is built only when asked for."""
     q = np.ones((1, 2, 5, 4), np.float32)
     mask = np.tril(np.ones((5, 5), dtype=bool))
-    problem = check_attention_args(q, q, q, mask=mask)
-    assert problem.bool_mask.dtype == np.bool_ and problem.bool_mask.shape == (1, 1, 5, 5)
-    assert "mask" not in problem.__dict__  # nothing converted yet
-    additive = problem.mask
+    problem = kernels.prepare(q, q, q, mask=mask)
+    assert problem.mask_is_bool
+    assert problem.mask.dtype == np.bool_ and problem.mask.shape == (1, 1, 5, 5)
+    assert problem.visibility_mask() is problem.mask  # no copy
+    additive = problem.additive_mask()
     assert additive.dtype == np.float32
     np.testing.assert_array_equal(additive[0, 0], np.where(mask, 0, -np.inf))
-    assert problem.mask is additive  # built once
     np.testing.assert_array_equal(problem.visible()[0, 0], mask)
-    direct = AttentionProblem(q=problem.q, k=problem.k, v=problem.v, batch_shape=(),
-                              had_head_dim=True, mask=problem.bool_mask, key_lengths=None,
-                              causal_offset=None, scale=0.5, dropout_p=0.0, seed=0,
-                              return_weights=False)
-    np.testing.assert_array_equal(direct.mask, additive)  # as the cuda backend builds one
-    float_problem = check_attention_args(q, q, q, mask=additive[0, 0])
-    assert float_problem.bool_mask is None and float_problem.mask.dtype == np.float32
+    float_problem = kernels.prepare(q, q, q, mask=additive[0, 0])
+    assert not float_problem.mask_is_bool and float_problem.mask.dtype == np.float32
+    assert float_problem.additive_mask() is float_problem.mask
+    np.testing.assert_array_equal(float_problem.visibility_mask(), problem.mask)
+    assert kernels.prepare(q, q, q).additive_mask() is None
 
 
 def test_block_rows_leave_every_thread_two_tasks(monkeypatch):
@@ -302,7 +300,7 @@ def test_block_rows_leave_every_thread_two_tasks(monkeypatch):
 
     def rows(B, H, L, threads):
         q = np.zeros((B, H, L, 4), np.float32)
-        return numba_cpu.block_rows(check_attention_args(q, q, q), threads)
+        return numba_cpu.block_rows(kernels.prepare(q, q, q), threads)
 
     assert rows(1, 12, 4096, 2) == 256  # plenty of tasks
     assert rows(1, 1, 512, 2) == 128  # 4 tasks

@@ -115,7 +115,7 @@ def test_missing_peer_and_cuda_without_gpu_are_recorded_not_dropped(monkeypatch)
     monkeypatch.setattr(peers, "peer_status",
                         lambda name: (False, "torch is not installed (pip install x)")
                         if name == "torch" else (True, ""))
-    monkeypatch.setattr("kernels._backends.has_real_gpu", lambda: False)
+    monkeypatch.setattr("kernels.has_real_gpu", lambda: False)
     points = expand([Grid(L=(8,), d_k=(4,), heads=(1,), backend=("torch", "cuda", "numba"))])
     table = run_sweep(points, runner=quick_runner(), **QUICK).table.set_index("backend")
     assert table.loc["torch", "status"] == "skipped"

@@ -93,3 +93,38 @@ def test_array_likes_and_scalars_are_accepted():
     out = kernels.attention(np.array(q), np.array(q), np.array(q), key_lengths=1, scale=2)
     assert out.shape == (2, 2) and out.dtype == np.float64
     np.testing.assert_array_equal(out, [[0.0, 1.0], [0.0, 1.0]])
+
+
+# --- kernels.prepare: the validated problem, without running it ---------------------------------
+
+def test_prepare_returns_the_problem_attention_runs():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, 4, 5, 8), dtype=np.float32)  # (..., H, Lq, D)
+    k = rng.standard_normal((2, 3, 2, 7, 8), dtype=np.float32)  # (..., Hkv, Lk, D)
+    v = rng.standard_normal((2, 3, 2, 7, 6), dtype=np.float32)
+    problem = kernels.prepare(q, k, v, causal="bottom-right", key_lengths=np.full((2, 3), 6))
+    assert problem.shape == (6, 4, 2, 5, 7, 8, 6)  # (B, H, Hkv, Lq, Lk, D, Dv)
+    assert problem.causal_offset == 2 and problem.batch_shape == (2, 3)
+    assert problem.key_lengths.dtype == np.int64 and problem.key_lengths.shape == (6,)
+    assert problem.scale == pytest.approx(1 / np.sqrt(8))
+    vis = problem.visible()  # (B, H, Lq, Lk)
+    assert vis[0, 0, 0].tolist() == [True, True, True, False, False, False, False]
+    assert not vis[..., 6:].any()  # key_lengths hide key 6
+
+
+@pytest.mark.parametrize("causal, offset", [(False, None), (None, None), (True, 0),
+                                            (np.bool_(True), 0), ("top-left", 0),
+                                            ("bottom-right", 3)])
+def test_causal_offset_is_the_one_reading_of_causal(causal, offset):
+    assert kernels.causal_offset(causal, 4, 7) == offset
+    q = np.zeros((4, 2), np.float64)
+    k = np.zeros((7, 2), np.float64)
+    assert kernels.prepare(q, k, k, causal=causal).causal_offset == offset
+
+
+def test_prepare_rejects_what_attention_rejects():
+    q = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="causal"):
+        kernels.prepare(q, q, q, causal="diagonal")
+    with pytest.raises(TypeError, match="dtype"):
+        kernels.prepare(q, q, q.astype(np.float64))

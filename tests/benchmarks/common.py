@@ -14,11 +14,12 @@ import os
 
 import numpy as np
 
+import kernels
+
 from attnbench.accuracy import max_abs_error, oracle, tolerance
 from attnbench.flops import attention_flops
 from attnbench.grid import Point
 from attnbench.sweep import make_inputs
-from kernels._validate import check_attention_args
 
 GRID = os.environ.get("ATTNBENCH_BENCH_GRID", "tiny")
 if GRID not in ("tiny", "small"):
@@ -51,7 +52,7 @@ def run_benchmark(benchmark, fn, point, q, k, v, kwargs):
     flops = attention_flops(point.batch, point.heads, point.L, point.L, point.d_k,
                             causal=kwargs.get("causal", False),
                             key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"))
-    exact, plain = oracle(check_attention_args(q, k, v, **kwargs))
+    exact, plain = oracle(kernels.prepare(q, k, v, **kwargs))
     error = max_abs_error(out.reshape(exact.shape), exact)
     tol = tolerance(exact, plain, q.dtype)
     median = benchmark.stats.stats.median if benchmark.stats is not None else float("nan")
