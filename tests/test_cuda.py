@@ -22,7 +22,6 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install att
 import kernels  # noqa: E402
 from kernels import _backends, cuda_backend  # noqa: E402
 from kernels._dropout import keep_mask  # noqa: E402
-from kernels._validate import check_attention_args  # noqa: E402
 
 from .support import (  # noqa: E402
     DTYPES,

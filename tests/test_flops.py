@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels
-
 from attnbench.flops import (
     attention_flops,
     causal_offset,

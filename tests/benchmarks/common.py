@@ -15,7 +15,6 @@ import os
 import numpy as np
 
 import kernels
-
 from attnbench.accuracy import max_abs_error, oracle, tolerance
 from attnbench.flops import attention_flops
 from attnbench.grid import Point
