@@ -1,13 +1,16 @@
 """attnbench: the harness that measures and verifies the attention kernels of :mod:`kernels`.
 
-One module per concern:
+The tree shows the architecture:
 
-- :mod:`attnbench.flops`: FLOPs of one attention forward, counting only visible pairs.
-- :mod:`attnbench.timing`: the timing core every backend shares (median, IQR) and peak memory.
-- :mod:`attnbench.machine`: the machine record (CPU, threads, BLAS, versions) and GEMM peak.
-- :mod:`attnbench.accuracy`: the float64 oracle and the baseline-relative tolerance.
-- :mod:`attnbench.agreement`: every backend against the reference on a grid of shapes and masks.
-- :mod:`attnbench.cli`: the ``attnbench`` command (``python -m attnbench``).
+- :mod:`attnbench.measure`: how numbers are taken (timer, GPU timing, machine record and
+  peaks, FLOPs, the oracle and tolerance, peers, the input generator).
+- :mod:`attnbench.sweep`: grids of shapes run over backends (and the agreement table).
+- :mod:`attnbench.bench`: the numba kernel side by side with its peers, against targets.
+- :mod:`attnbench.studies`: scaling fits, softmax stability, parameter arithmetic.
+- :mod:`attnbench.claims`: the claims ledger and its checks.
+- :mod:`attnbench.report`: the HTML report, its plots and tables.
+- :mod:`attnbench.cli` (the ``attnbench`` command), :mod:`attnbench.job` (``run`` and
+  ``sweep``), :mod:`attnbench.gpu_check` (``scripts/gpu-check.sh``).
 """
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import __version__
+from attnbench import __version__
 
 #: Columns of the console table, with their headers.
 DISPLAY_COLUMNS = {
@@ -63,7 +63,7 @@ def _add_run(subparsers) -> None:
             "cores) into "
             "OUT/sweep.csv, sweep.parquet and sweep.json, fit the scaling exponents "
             "(OUT/scaling.csv), compute the attention heat maps and the studies of "
-            "attnbench.stability, attnbench.params and attnbench.claims where installed "
+            "softmax stability, parameter arithmetic and the claims ledger "
             "(OUT/sections/), and render OUT/report.html from those files. "
             "Exit status: 0 if every backend agrees everywhere and every sweep point "
             "ran (or was skipped for a stated reason) within the tolerance and every study "
@@ -96,8 +96,8 @@ def _add_run(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from .agreement import GRIDS, MASK_KINDS, agreement_table, select_backends
-    from .machine import gemm_peak_gflops, machine_record, summary_lines
+    from attnbench.measure.machine import gemm_peak_gflops, machine_record, summary_lines
+    from attnbench.sweep.agreement import GRIDS, MASK_KINDS, agreement_table, select_backends
 
     start = time.perf_counter()
     load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -137,7 +137,7 @@ def _run(args) -> int:
          "run_seconds": elapsed}, indent=2) + "\n")
     print(f"\n{len(table) - len(failed)}/{len(table)} rows agree with the reference. "
           f"Wrote {csv_path} and {machine_path} in {elapsed:.1f} s.")
-    from .job import run_job
+    from attnbench.job import run_job
 
     return run_job(args, agreement_status=0 if failed.empty else 1, gemm_peaks=peaks,
                    started=start, sweep_max_time=args.sweep_max_time)
@@ -154,8 +154,8 @@ def _positive_int(text: str) -> int:
 
 
 def _add_sweep(subparsers) -> None:
-    from .grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
-    from .sweep import ORACLE_LIMIT
+    from attnbench.sweep.grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
+    from attnbench.sweep.runner import ORACLE_LIMIT
 
     parser = subparsers.add_parser(
         "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks",
@@ -236,7 +236,7 @@ def _add_sweep(subparsers) -> None:
 
 
 def _cluster_spec(text: str):
-    from .cluster import parse_cluster
+    from attnbench.sweep.cluster import parse_cluster
 
     try:
         return parse_cluster(text)
@@ -245,7 +245,7 @@ def _cluster_spec(text: str):
 
 
 def _sweep(args) -> int:
-    from .job import sweep_command
+    from attnbench.job import sweep_command
 
     return sweep_command(args)
 
@@ -269,7 +269,7 @@ def _add_report(subparsers) -> None:
 
 
 def _report(args) -> int:
-    from .report import command
+    from attnbench.report.build import command
 
     return command(args)
 
@@ -297,7 +297,7 @@ def _add_verify(subparsers) -> None:
 
 
 def _verify(args) -> int:
-    from .claims import command
+    from attnbench.claims.ledger import command
 
     return command(args)
 
@@ -344,7 +344,7 @@ def _add_params(subparsers) -> None:
 
 
 def _params(args) -> int:
-    from .params import command
+    from attnbench.studies.params import command
 
     return command(args)
 
@@ -403,7 +403,7 @@ def _add_bench(subparsers) -> None:
 
 
 def _bench(args) -> int:
-    from .bench import command
+    from attnbench.bench.run import command
 
     return command(args)
 

@@ -6,7 +6,7 @@ with an NVIDIA GPU, or ``--mode simulator`` (``NUMBA_ENABLE_CUDASIM=1``) anywher
 
 1. says where the CUDA code runs, and refuses a mode that does not match: ``device``
    needs numba.cuda to see a real GPU, ``simulator`` needs the simulator;
-2. on a device, records the card (:func:`attnbench.cuda_timing.device_record`) and its
+2. on a device, records the card (:func:`attnbench.measure.gpu_timing.device_record`) and its
    peaks: the theoretical fp32 peak from the attributes, and the FMA kernel's measured
    fp32 and fp64 throughput beside it (a cross-check of both);
 3. runs the CUDA tests in a pytest subprocess: on a device ``tests/test_cuda.py`` and
@@ -62,7 +62,7 @@ ORACLE_LIMIT = 2**26
 
 def sweep_points(mode: str, *, torch_cuda: bool):
     """The points of the check's sweep."""
-    from .grid import Grid, expand
+    from attnbench.sweep.grid import Grid, expand
 
     backends = ("cuda", "torch-cuda") if torch_cuda else ("cuda",)
     return expand([Grid(backend=backends, **SWEEPS[mode])])
@@ -103,7 +103,7 @@ def _peaks() -> dict:
     """The card's theoretical fp32 peak and the FMA kernel's measurements, GFLOP/s."""
     import numpy as np
 
-    from . import cuda_timing
+    from attnbench.measure import gpu_timing as cuda_timing
 
     record = cuda_timing.device_record()
     result = {"fp32_theoretical": record.get("fp32_peak_theoretical_gflops")}
@@ -158,12 +158,13 @@ def _until(deadline: float):
 
 
 def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
-    from . import cuda_timing, report
-    from .hosts import host_peaks, scaling_by_group
-    from .journal import JOURNAL_NAME, Journal, journaled, load_journal
-    from .scaling import scaling_table
-    from .sweep import PointRunner, run_sweep
-    from .sweep_files import save_results
+    from attnbench.measure import gpu_timing as cuda_timing
+    from attnbench.report import build as report
+    from attnbench.report.hosts import host_peaks, scaling_by_group
+    from attnbench.studies.scaling import scaling_table
+    from attnbench.sweep.files import save_results
+    from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal
+    from attnbench.sweep.runner import PointRunner, run_sweep
 
     torch_usable, torch_why = cuda_timing.backend_status("torch-cuda")
     points = sweep_points(mode, torch_cuda=torch_usable)
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
         print(f"gpu-check: error: {where}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    from . import cuda_timing
+    from attnbench.measure import gpu_timing as cuda_timing
 
     summary = {"mode": args.mode, "ran_on": "device" if args.mode == "device" else "simulator",
                "where": where, "device": cuda_timing.device_record()}

@@ -1,19 +1,19 @@
 """The jobs behind ``attnbench sweep`` and the main job ``attnbench run``.
 
 ``attnbench run`` first checks every backend against the reference (the agreement
-table, :mod:`attnbench.agreement`, driven by :mod:`attnbench.cli`), then
+table, :mod:`attnbench.sweep.agreement`, driven by :mod:`attnbench.cli`), then
 :func:`run_job` does the rest:
 
-1. a sweep of the "quick" grid (:data:`attnbench.grid.GRIDS`; "tiny" with
+1. a sweep of the "quick" grid (:data:`attnbench.sweep.grid.GRIDS`; "tiny" with
    ``--grid tiny``), saved as ``sweep.csv`` / ``sweep.parquet`` / ``sweep.json``;
-2. the scaling fits of that sweep (:mod:`attnbench.scaling`), saved as ``scaling.csv``
+2. the scaling fits of that sweep (:mod:`attnbench.studies.scaling`), saved as ``scaling.csv``
    and printed;
 3. the sections that are computed, not read from a table: the attention heat maps
    and part B's studies (:data:`PART_B_MODULES`: softmax stability, parameter
    arithmetic, the claims ledger), each module's ``section()``, saved under
    ``sections/``;
 4. the HTML report, ``report.html``, built from the saved files by
-   :func:`attnbench.report.build_report` (what ``attnbench report`` does too);
+   :func:`attnbench.report.build.build_report` (what ``attnbench report`` does too);
 5. ``run.json``: the duration and the exit status.
 
 Ctrl-C during the sweep keeps the finished points (written out) and exits with 130.
@@ -31,16 +31,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import html_report, report
-from .grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
-from .sections import Section
-from .sweep import points_summary, run_sweep
-from .sweep_files import save_results
+from attnbench.report import build as report
+from attnbench.report import html as html_report
+from attnbench.report.sections import Section
+from attnbench.sweep.files import save_results
+from attnbench.sweep.grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
+from attnbench.sweep.runner import points_summary, run_sweep
 
 __all__ = ["PART_B_MODULES", "computed_sections", "run_job", "sweep_command"]
 
 #: Part B's report modules: each has ``section()`` returning a Section or a list of them.
-PART_B_MODULES = ("attnbench.stability", "attnbench.params", "attnbench.claims")
+PART_B_MODULES = ("attnbench.studies.stability", "attnbench.studies.params",
+                  "attnbench.claims.ledger")
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
 
@@ -114,14 +116,14 @@ def sweep_command(args) -> int:
     """``attnbench sweep``: run a grid, print and save the table and the fits.
 
     Every finished point is appended to ``OUT/sweep.jsonl`` at once
-    (:mod:`attnbench.journal`); ``--resume`` runs only the points not done there.
-    ``--cluster`` runs the points on Dask (:mod:`attnbench.cluster`) instead of here.
+    (:mod:`attnbench.sweep.journal`); ``--resume`` runs only the points not done there.
+    ``--cluster`` runs the points on Dask (:mod:`attnbench.sweep.cluster`) instead of here.
     """
     import contextlib
 
-    from .journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
-    from .scaling import scaling_table
-    from .sweep import serial_executor
+    from attnbench.studies.scaling import scaling_table
+    from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
+    from attnbench.sweep.runner import serial_executor
 
     try:
         grids = grids_from_args(args)
@@ -150,7 +152,7 @@ def sweep_command(args) -> int:
     with contextlib.ExitStack() as stack:
         executor, gemm_peaks, threads = serial_executor, None, args.threads
         if cluster and len(done) < len(points):
-            from .cluster import DaskExecutor
+            from attnbench.sweep.cluster import DaskExecutor
 
             try:
                 executor = stack.enter_context(DaskExecutor(
@@ -167,7 +169,7 @@ def sweep_command(args) -> int:
                            threads=threads, gemm_peaks=gemm_peaks,
                            executor=journaled(executor, journal, done))
     result.table = _in_point_order(result.table, points)
-    from .hosts import host_peaks
+    from attnbench.report.hosts import host_peaks
 
     by_host = host_peaks(result.table)
     if len(by_host) == 1 and not result.gemm_peaks:
@@ -182,7 +184,7 @@ def sweep_command(args) -> int:
         print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "
               f"{', '.join(map(str, written))} (and {journal_path}: --resume goes on).")
         return EXIT_INTERRUPTED
-    from .hosts import scaling_by_group
+    from attnbench.report.hosts import scaling_by_group
 
     fits = scaling_by_group(result.table, scaling_table)
     fits.to_csv(out / "scaling.csv", index=False)
@@ -197,7 +199,7 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
     """The rows in the order of ``points`` (executors may finish them in any order)."""
     if table.empty or "point_key" not in table:
         return table
-    from .journal import point_key
+    from attnbench.sweep.journal import point_key
 
     order = {point_key(point): index for index, point in enumerate(points)}
     rank = table["point_key"].map(order)
@@ -209,7 +211,7 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
 
 #: Producers of the computed sections: ("module", "function"), each returning a Section
 #: or a list of them.  The heat maps first, then part B's modules (where installed).
-SECTION_PRODUCERS = (("attnbench.plots", "heatmap_section"),
+SECTION_PRODUCERS = (("attnbench.report.plots", "heatmap_section"),
                      *((name, "section") for name in PART_B_MODULES))
 
 
@@ -267,9 +269,8 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
     sweep_max_time : float
         Timing budget per sweep point (s).
     """
+    from attnbench.studies.scaling import scaling_table
     from kernels import has_real_gpu
-
-    from .scaling import scaling_table
 
     out = Path(args.out)
     grid_name = "tiny" if args.grid == "tiny" else "quick"

@@ -536,7 +536,7 @@ def prepare_launch(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=
 
     ``launch()`` then only launches the kernel on the device arrays (asynchronously, on
     ``stream``): no validation, no allocation, no copy.  This is what a benchmark times
-    with CUDA events (:mod:`attnbench.cuda_timing`); :func:`attention_device` is the same
+    with CUDA events (:mod:`attnbench.measure.gpu_timing`); :func:`attention_device` is the same
     computation as one call.  Arguments are those of :func:`attention_device` (no
     ``return_weights``).
     """

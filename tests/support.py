@@ -1,6 +1,6 @@
 """Helpers shared by the differential tests: inputs, the oracle, and the tolerance.
 
-Tolerance follows FlashAttention's tests (see :mod:`attnbench.accuracy`, shared with
+Tolerance follows FlashAttention's tests (see :mod:`attnbench.measure.oracle`, shared with
 ``attnbench run``): a backend's error against the oracle must be at most twice the
 error of a plain implementation of the same formula computed in the input dtype, plus
 a small floor of a few ulps of the output's magnitude.  No fixed atol is picked to
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import kernels
-from attnbench.accuracy import max_abs_error, oracle_dtype, tolerance
+from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
 from kernels import reference
 
 DTYPES = (np.float32, np.float64)
@@ -96,7 +96,7 @@ def oracle(q, k, v, **kwargs):
     """``(out, weights)`` of the oracle and of the same formula in q's dtype.
 
     The oracle dtype is float64 for float32 inputs and ``np.longdouble`` for float64
-    inputs (:func:`attnbench.accuracy.oracle_dtype`), so the float64 baseline has an
+    inputs (:func:`attnbench.measure.oracle.oracle_dtype`), so the float64 baseline has an
     error of its own.
     """
     kwargs = dict(kwargs, return_weights=True)

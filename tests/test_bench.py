@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench import bench, peers
+from attnbench.bench import run as bench
 from attnbench.cli import main
+from attnbench.measure import peers
 
 TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", "128",
         "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",
@@ -93,7 +94,7 @@ def bench_args(argv):
 
 def test_gemm_floor_runs_the_kernels_products():
     """The floor's last P · V tile equals the same product done by NumPy."""
-    from attnbench.gemm_floor import measurable, tile_gemms
+    from attnbench.bench.gemm_floor import measurable, tile_gemms
     from kernels import numba_cpu
 
     rng = np.random.default_rng(1)

@@ -1,4 +1,4 @@
-"""The claims ledger (attnbench.claims): its shape, each check's computed values, and the
+"""The claims ledger (attnbench.claims.ledger): its shape, each check's computed values, and the
 judging rules of the timing claims with injected measurements (never their live verdicts,
 which depend on machine load)."""
 
@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import kernels
-from attnbench import checks_attention, checks_cost, checks_softmax, claims
-from attnbench.verdicts import (
+from attnbench.claims import attention as checks_attention
+from attnbench.claims import cost as checks_cost
+from attnbench.claims import ledger as claims
+from attnbench.claims import softmax as checks_softmax
+from attnbench.claims.rules import (
     CAVEAT,
     ERROR,
     FAILS,
@@ -243,7 +246,7 @@ def test_json_and_text(ledger):
 def test_cpu_timing_restores_the_thread_count():
     import numba
 
-    from attnbench.verdicts import interleaved_medians
+    from attnbench.claims.rules import interleaved_medians
 
     before = numba.get_num_threads()
     times = interleaved_medians({"sum": lambda: sum(range(1000))}, rounds=1, max_time=0.001,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import attnbench.agreement
-from attnbench.agreement import MASK_KINDS, select_backends
+import attnbench.sweep.agreement
 from attnbench.cli import main
+from attnbench.sweep.agreement import MASK_KINDS, select_backends
 from kernels import has_real_gpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def test_run_tiny_grid_writes_the_csv_and_exits_0(tmp_path, capsys):
 
 
 def test_run_exits_1_when_a_backend_disagrees(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(attnbench.agreement, "tolerance", lambda *args: -1.0)
+    monkeypatch.setattr(attnbench.sweep.agreement, "tolerance", lambda *args: -1.0)
     status = main(["run", "--grid", "tiny", "--backends", "reference", "--out",
                    str(tmp_path), "--max-time", "0.001"])
     assert status == 1
@@ -47,7 +47,7 @@ def test_run_exits_1_when_a_backend_disagrees(tmp_path, monkeypatch, capsys):
 
 
 def test_unavailable_backend_is_a_usage_error(monkeypatch, capsys):
-    monkeypatch.setattr(attnbench.agreement, "available_backends",
+    monkeypatch.setattr(attnbench.sweep.agreement, "available_backends",
                         lambda: ["reference", "numba"])
     with pytest.raises(ValueError, match="cuda"):
         select_backends(["cuda"])
@@ -101,6 +101,6 @@ def test_ctrl_c_in_the_agreement_check_exits_130_without_a_traceback(tmp_path, m
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(attnbench.agreement, "agreement_table", interrupted)
+    monkeypatch.setattr(attnbench.sweep.agreement, "agreement_table", interrupted)
     assert main(["run", "--grid", "tiny", "--out", str(tmp_path)]) == 130
     assert "attnbench run: interrupted (Ctrl-C)" in capsys.readouterr().err

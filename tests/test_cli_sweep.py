@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from attnbench.cli import main
-from attnbench.sweep import PointRunner
+from attnbench.sweep.runner import PointRunner
 
 FAST = ["--max-time", "0.002", "--no-progress"]
 

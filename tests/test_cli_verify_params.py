@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from attnbench import claims
+from attnbench.claims import ledger as claims
 from attnbench.cli import main
 
 

@@ -21,14 +21,14 @@ pytest.importorskip("distributed", reason="dask.distributed is missing: pip inst
                                           "attnbench[cluster]")
 
 from attnbench.cli import main  # noqa: E402
-from attnbench.cluster import (  # noqa: E402
+from attnbench.sweep.cluster import (  # noqa: E402
     DaskExecutor,
     host_timing_lock,
     parse_cluster,
 )
-from attnbench.grid import Grid, Point, expand  # noqa: E402
-from attnbench.journal import Journal, journaled, load_journal, point_key  # noqa: E402
-from attnbench.sweep import PointRunner, run_sweep, serial_executor  # noqa: E402
+from attnbench.sweep.grid import Grid, Point, expand  # noqa: E402
+from attnbench.sweep.journal import Journal, journaled, load_journal, point_key  # noqa: E402
+from attnbench.sweep.runner import PointRunner, run_sweep, serial_executor  # noqa: E402
 
 PEAKS = {"float32": 100.0, "float64": 50.0}
 FAST = ["--max-time", "0.002", "--no-progress"]

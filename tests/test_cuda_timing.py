@@ -1,4 +1,4 @@
-"""GPU timing (attnbench.cuda_timing): in Numba's CUDA simulator here, on the device where
+"""GPU timing (attnbench.measure.gpu_timing): in Numba's CUDA simulator here, on the device where
 there is one.
 
 Without a GPU these tests check what can be checked: the peak arithmetic, that the FMA
@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-from attnbench import cuda_timing  # noqa: E402
-from attnbench.grid import Point  # noqa: E402
-from attnbench.sweep import PointRunner, make_inputs  # noqa: E402
+from attnbench.measure import gpu_timing as cuda_timing  # noqa: E402
+from attnbench.sweep.grid import Point  # noqa: E402
+from attnbench.sweep.runner import PointRunner, make_inputs  # noqa: E402
 from kernels import _backends  # noqa: E402
 
 from .support import REPO, run_ptx_script  # noqa: E402
@@ -67,7 +67,7 @@ def test_fma_kernel_computes_its_chains(dtype):
 _PTX_SCRIPT = """
 import numpy as np
 from numba import cuda
-from attnbench import _cuda_kernels as k
+from attnbench.measure import _cuda_kernels as k
 result = {}
 for dtype in ("float32", "float64"):
     ptx, _ = cuda.compile_ptx(k.fma_source(np.dtype(dtype)), k.fma_signature(dtype),
@@ -92,7 +92,7 @@ def test_fma_kernel_and_blocker_compile_to_ptx():
 
 
 def test_importing_cuda_timing_does_not_import_numba_cuda():
-    code = ("import sys, attnbench.cuda_timing, attnbench.sweep; "
+    code = ("import sys, attnbench.measure.gpu_timing, attnbench.sweep.runner; "
             "print('numba.cuda' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from attnbench.cli import main
-from attnbench.grid import GRIDS, expand
 from attnbench.job import PART_B_MODULES
+from attnbench.sweep.grid import GRIDS, expand
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
@@ -60,7 +60,7 @@ def test_report_holds_every_part_and_nothing_external(tiny_run):
     assert_self_contained(page)
     for anchor in ("agreement", "sweep", "scaling", "attention-heat-maps", "machine"):
         assert f'<section id="{anchor}">' in page, anchor
-    if importlib.util.find_spec("attnbench.claims") is not None:
+    if importlib.util.find_spec("attnbench.claims.ledger") is not None:
         assert 'id="claims-table"' in page
     before = page.split("Generated")[1].split("</p>", 1)[1]
     assert main(["report", str(out), "--html", str(out / "again.html")]) == 0
@@ -78,7 +78,7 @@ def test_report_renders_in_headless_chromium(tiny_run):
     assert seen["errors"] == [] and seen["chromium_console"] == [], seen
     assert seen["title"] == "attnbench report"
     assert {"agreement", "sweep", "scaling", "machine"} <= set(seen["sections"])
-    if importlib.util.find_spec("attnbench.claims") is not None:
+    if importlib.util.find_spec("attnbench.claims.ledger") is not None:
         assert seen["claims_table"], seen
     shot = screenshot(out / "report.html", out / "report.png")
     assert shot.read_bytes().startswith(b"\x89PNG")

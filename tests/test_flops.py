@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels
-from attnbench.flops import (
+from attnbench.measure.flops import (
     attention_flops,
     causal_offset,
     flops_of_problem,

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from attnbench.grid import GRIDS, Grid, Point, expand, grid_from_mapping, load_grid_file
+from attnbench.sweep.grid import GRIDS, Grid, Point, expand, grid_from_mapping, load_grid_file
 
 
 def test_a_grid_is_the_product_of_its_values_with_kv_heads_defaulting_to_heads():

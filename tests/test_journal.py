@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from attnbench.cli import main
-from attnbench.grid import Grid, Point, expand
-from attnbench.journal import (
+from attnbench.sweep.grid import Grid, Point, expand
+from attnbench.sweep.journal import (
     MACHINE_FIELD,
     Journal,
     journaled,

@@ -5,7 +5,12 @@ import math
 
 import numpy as np
 
-from attnbench.machine import gemm_peak_gflops, machine_columns, machine_record, summary_lines
+from attnbench.measure.machine import (
+    gemm_peak_gflops,
+    machine_columns,
+    machine_record,
+    summary_lines,
+)
 
 RECORD_KEYS = {
     "cpu_model", "logical_cores", "usable_cores", "numba_threads", "numba_threading_layer",

@@ -1,9 +1,9 @@
-"""Parameter arithmetic (attnbench.params) against published counts and the real arrays."""
+"""Parameter arithmetic (attnbench.studies.params) against published counts and the real arrays."""
 
 import pytest
 
 import kernels
-from attnbench import params
+from attnbench.studies import params
 
 # name, published total it must equal (exactly) or approach (relative tolerance)
 PUBLISHED = [

@@ -8,12 +8,11 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from attnbench import plots
 from attnbench.cli import main
-from attnbench.html_report import figure_png, load_sections, render_html, save_sections
-from attnbench.report import build_report, collect_sections
-from attnbench.scaling import scaling_table
-from attnbench.sections import Section
+from attnbench.report.build import build_report, collect_sections, plots
+from attnbench.report.html import figure_png, load_sections, render_html, save_sections
+from attnbench.report.sections import Section
+from attnbench.studies.scaling import scaling_table
 from tests.test_scaling import synthetic_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -122,8 +121,8 @@ def test_sections_survive_a_round_trip_to_disk(tmp_path):
 
 
 def test_report_is_rebuilt_from_a_sweep_folder(tmp_path):
-    from attnbench.sweep import SweepResult
-    from attnbench.sweep_files import save_results
+    from attnbench.sweep.files import save_results
+    from attnbench.sweep.runner import SweepResult
 
     table = sweep_table()
     table["reason"] = ""

@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench import hosts, report
-from attnbench.scaling import scaling_table
-from attnbench.sweep import SweepResult
-from attnbench.sweep_files import save_results
+from attnbench.report import build as report
+from attnbench.report import hosts
+from attnbench.studies.scaling import scaling_table
+from attnbench.sweep.files import save_results
+from attnbench.sweep.runner import SweepResult
 from tests.test_report import assert_self_contained, sweep_table
 
 GPU = "NVIDIA H200 (cc 9.0)"

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.scaling import (
+from attnbench.studies.scaling import (
     MARGIN,
     MIN_FIT_TIME_S,
     OVERHEAD_FACTOR,

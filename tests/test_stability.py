@@ -1,10 +1,10 @@
-"""The softmax-stability study (attnbench.stability): its trends and its helpers."""
+"""The softmax-stability study (attnbench.studies.stability): its trends and its helpers."""
 
 import numpy as np
 import pytest
 
 import kernels
-from attnbench import stability
+from attnbench.studies import stability
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from attnbench.timing import Timing, measure, peak_extra_memory, rss_peak_supported
+from attnbench.measure.timing import Timing, measure, peak_extra_memory, rss_peak_supported
 
 MIB = 2**20
 

@@ -1,7 +1,7 @@
 """What every benchmark shares: the grid choice, the inputs, and what goes in extra_info.
 
 One file per topic declares its parameters as data (asv_bench style); the inputs come
-from :func:`attnbench.sweep.make_inputs`, so benchmarks, sweeps and reports draw the
+from :func:`attnbench.sweep.runner.make_inputs`, so benchmarks, sweeps and reports draw the
 same arrays for the same problem (seeding in one place).
 
 The grid is chosen with the environment variable ``ATTNBENCH_BENCH_GRID``: ``tiny``
@@ -15,10 +15,10 @@ import os
 import numpy as np
 
 import kernels
-from attnbench.accuracy import max_abs_error, oracle, tolerance
-from attnbench.flops import attention_flops
-from attnbench.grid import Point
-from attnbench.sweep import make_inputs
+from attnbench.measure.flops import attention_flops
+from attnbench.measure.oracle import max_abs_error, oracle, tolerance
+from attnbench.sweep.grid import Point
+from attnbench.sweep.runner import make_inputs
 
 GRID = os.environ.get("ATTNBENCH_BENCH_GRID", "tiny")
 if GRID not in ("tiny", "small"):

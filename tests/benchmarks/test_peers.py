@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnbench import peers
+from attnbench.measure import peers
 from tests.benchmarks.common import GRID, problem, run_benchmark, shape_id
 from tests.benchmarks.test_attention import MASKS, SHAPES
 

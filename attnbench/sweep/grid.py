@@ -35,8 +35,8 @@ from pathlib import Path
 __all__ = ["BACKENDS", "DEFAULTS", "DTYPES", "GRIDS", "MASK_KINDS", "Grid", "Point",
            "expand", "grid_from_mapping", "load_grid_file"]
 
-#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.peers`), and
-#: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.cuda_timing`).
+#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.measure.peers`), and
+#: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).
 BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 
 #: Mask kinds of a sweep point (all self-attention, Lq = Lk = L).

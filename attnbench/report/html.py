@@ -1,4 +1,4 @@
-"""One self-contained HTML page from a list of :class:`attnbench.sections.Section`.
+"""One self-contained HTML page from a list of :class:`attnbench.report.sections.Section`.
 
 :func:`render_html` writes a page with a table of contents, one ``<section>`` per
 Section (its text as paragraphs, its tables through pandas, its figures as PNG
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .sections import Section
+from attnbench.report.sections import Section
 
 __all__ = ["figure_png", "load_sections", "render_html", "save_sections", "write_html"]
 

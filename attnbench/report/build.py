@@ -7,7 +7,7 @@ anything again:
 - ``agreement.csv`` (``run``'s agreement check) -> the agreement section;
 - ``sweep.parquet`` or ``sweep.csv`` with ``sweep.json`` -> the sweep section and the
   scaling section (the fits are recomputed from the saved rows: fitting is arithmetic,
-  not measuring); with rows from several hosts or devices (:mod:`attnbench.hosts`), a
+  not measuring); with rows from several hosts or devices (:mod:`attnbench.report.hosts`), a
   hosts section and a sweep and a scaling section per host and device
   (:func:`sweep_sections`);
 - ``sections/`` -> the sections saved as they were computed (the attention heat maps,
@@ -26,8 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import hosts, html_report, plots, scaling, sweep_files
-from .sections import Section
+from attnbench.report import hosts, plots
+from attnbench.report import html as html_report
+from attnbench.report.sections import Section
+from attnbench.studies import scaling
+from attnbench.sweep import files as sweep_files
 
 __all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
            "machine_section", "sweep_section", "sweep_sections"]
@@ -85,7 +88,7 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
            "GEMM peak too." if meta.get("threads") else "")
         + "\n\nEach point: inputs drawn once (the same for every backend of a problem), one "
         "untimed call (compilation; its output is the one checked against the oracle), then "
-        "timed batches after one more warm-up call (attnbench.timing.measure; median and "
+        "timed batches after one more warm-up call (attnbench.measure.timing.measure; median and "
         "IQR over batches), then one call under tracemalloc for the peak extra memory "
         "(torch allocates outside Python's allocators: its peak is the rise of the "
         "process's resident set, a lower bound). GFLOP/s counts only visible (query, key) "
@@ -135,7 +138,7 @@ def _gpu_text(table: pd.DataFrame) -> str:
         return ""
     sources = [s for s in dict.fromkeys(gpu.get("peak_source", pd.Series(dtype=object))
                                         .dropna()) if s]
-    return ("\n\nGPU points (attnbench.cuda_timing): inputs copied to the device once, the "
+    return ("\n\nGPU points (attnbench.measure.gpu_timing): inputs copied to the device once, the "
             "kernel timed alone on device arrays (" + "; ".join(methods) + "); host → device "
             "(h2d_ms, q, k and v) and device → host (d2h_ms, the output) copies timed apart; "
             "host_call_ms is the whole NumPy-in NumPy-out call. Peak of the device: "
@@ -145,8 +148,8 @@ def _gpu_text(table: pd.DataFrame) -> str:
 def sweep_sections(table: pd.DataFrame, meta: dict | None = None) -> list[Section]:
     """The sweep and scaling sections; per host and device when there are several.
 
-    One group (:func:`attnbench.hosts.groups`): :func:`sweep_section` and the scaling
-    section of the whole table.  Several: :func:`attnbench.hosts.hosts_section`, then for
+    One group (:func:`attnbench.report.hosts.groups`): :func:`sweep_section` and the scaling
+    section of the whole table.  Several: :func:`attnbench.report.hosts.hosts_section`, then for
     each group its own sweep and scaling sections (titles and anchors name the group),
     each plotted against its own peak.
     """

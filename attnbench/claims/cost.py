@@ -1,10 +1,10 @@
 """Checks of the claims about sizes and costs: C09–C12, C18, C24, C27–C29.
 
-Parameter claims use :mod:`attnbench.params` (and real
+Parameter claims use :mod:`attnbench.studies.params` (and real
 :class:`kernels.MultiHeadAttention` arrays where they fit); FLOP claims use
-:mod:`attnbench.flops`; timing claims time :func:`kernels.attention` (auto backend: the
+:mod:`attnbench.measure.flops`; timing claims time :func:`kernels.attention` (auto backend: the
 fused numba kernel) with calls interleaved in one run
-(:func:`attnbench.verdicts.interleaved_medians`).  Claims about *cost* (C12, C18, C27,
+(:func:`attnbench.claims.rules.interleaved_medians`).  Claims about *cost* (C12, C18, C27,
 C29) are judged on single-threaded CPU time, which stays put on a busy shared machine
 (there, wall-clock ratios of small calls swing by 2-3x); C29 also reports the
 multi-threaded wall-clock ratio.  Each timing check separates measuring from judging:
@@ -17,12 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from kernels import reference
-
-from . import params
-from .flops import attention_flops
-from .timing import peak_extra_memory
-from .verdicts import (
+from attnbench.claims.rules import (
     CAVEAT,
     FAILS,
     HOLDS,
@@ -33,6 +28,10 @@ from .verdicts import (
     loglog_slope,
     rounds_to,
 )
+from attnbench.measure.flops import attention_flops
+from attnbench.measure.timing import peak_extra_memory
+from attnbench.studies import params
+from kernels import reference
 
 
 def _randn(rng, *shape):
@@ -101,7 +100,7 @@ def c11() -> Result:
                    "models, GQA and SwiGLU MLPs shrink it (LLaMA-2-70B: "
                    f"{table.loc['llama2-70b', 'attention_share_non_embedding']:.1%} of the "
                    "non-embedding parameters)"),
-        details="Shares from attnbench.params (see its table for what each group counts).")
+        details="Shares from attnbench.studies.params (see its table for what each group counts).")
 
 
 #: Sequence lengths of the C12 timing fit; shape (B, H, L, D) = (1, 1, L, 64).
@@ -227,7 +226,7 @@ def judge_c27(flops_equal: bool, exp_ratio: float, time_ratio: float) -> tuple[s
 
 
 def c27() -> Result:
-    """Rule: :func:`judge_c27` on the FLOP counts (attnbench.flops), the exp counts (H·L²)
+    """Rule: :func:`judge_c27` on the FLOP counts (attnbench.measure.flops), the exp counts (H·L²)
     and the cost of kernels.attention for (12 heads, d 64) vs (1 head, d 768) at L = 512
     (single-thread CPU time, interleaved medians)."""
     L = 512

@@ -1,6 +1,6 @@
 """Sweeps: time, FLOP/s, peak memory and error of every point of a grid, as a tidy table.
 
-:func:`run_sweep` turns a list of :class:`attnbench.grid.Point` into a pandas DataFrame
+:func:`run_sweep` turns a list of :class:`attnbench.sweep.grid.Point` into a pandas DataFrame
 with one row per point.  The work is split in two:
 
 - :class:`PointRunner` measures one point and returns its row (a dict).  It never
@@ -15,17 +15,17 @@ with one row per point.  The work is split in two:
 
 For each point the runner builds the inputs (seeded by the problem, so every backend
 of a problem sees the same arrays), calls the backend once (this compiles, and its
-output is the one checked), times it with :func:`attnbench.timing.measure`, measures
-the peak extra memory of one more call (:func:`attnbench.timing.peak_extra_memory`),
-and compares the checked output with the oracle of :mod:`attnbench.accuracy`.  The
+output is the one checked), times it with :func:`attnbench.measure.timing.measure`, measures
+the peak extra memory of one more call (:func:`attnbench.measure.timing.peak_extra_memory`),
+and compares the checked output with the oracle of :mod:`attnbench.measure.oracle`.  The
 oracle is computed once per problem (cached) with the BLAS on one thread, so that no
 BLAS worker threads are left spinning while the next point is timed; above
 ``oracle_limit`` score entries it is skipped and the row says so.
 
-Rows carry the point's parameters, the FLOP count (:mod:`attnbench.flops`, visible
+Rows carry the point's parameters, the FLOP count (:mod:`attnbench.measure.flops`, visible
 pairs only), the timing (median, quartiles, IQR, min, runs and calls), GFLOP/s and the
 percentage of the GEMM peak measured in the same run, the backend's threads and the
-time of its smallest call (the overhead :mod:`attnbench.scaling` needs), the peak
+time of its smallest call (the overhead :mod:`attnbench.studies.scaling` needs), the peak
 memory, the error and tolerance, status and reason, and the machine columns.
 """
 
@@ -45,13 +45,12 @@ import numpy as np
 import pandas as pd
 
 import kernels
-
-from . import peers
-from .accuracy import max_abs_error, oracle, oracle_dtype, tolerance
-from .flops import attention_flops, gflops
-from .grid import MASK_KINDS, Point
-from .machine import gemm_peak_gflops, machine_columns
-from .timing import measure, peak_extra_memory
+from attnbench.measure import peers
+from attnbench.measure.flops import attention_flops, gflops
+from attnbench.measure.machine import gemm_peak_gflops, machine_columns
+from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
+from attnbench.measure.timing import measure, peak_extra_memory
+from attnbench.sweep.grid import MASK_KINDS, Point
 
 __all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
 
@@ -74,7 +73,7 @@ ORACLE_LIMIT = 2**22
 
 Row = dict
 #: Backends that run on a GPU: timed with CUDA events on device-resident inputs
-#: (:mod:`attnbench.cuda_timing`), host<->device copies timed apart.
+#: (:mod:`attnbench.measure.gpu_timing`), host<->device copies timed apart.
 GPU_BACKENDS = ("cuda", "torch-cuda")
 #: Where the GEMM peak of CPU rows comes from (GPU rows say their own).
 CPU_PEAK_SOURCE = "measured: numpy matmul n=1024 on this host"
@@ -167,7 +166,7 @@ class PointRunner:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
         if point.backend in GPU_BACKENDS:
-            from . import cuda_timing
+            from attnbench.measure import gpu_timing as cuda_timing
 
             usable, why = cuda_timing.backend_status(point.backend,
                                                      allow_simulator=self.allow_simulator)
@@ -228,7 +227,7 @@ class PointRunner:
 
         The smallest call (B = H = L = d_k = 1, no mask) costs only what does not grow with
         the problem: argument checks, dispatch, thread launch, fixed buffers.
-        :mod:`attnbench.scaling` uses both to leave that fixed part out of its fits.
+        :mod:`attnbench.studies.scaling` uses both to leave that fixed part out of its fits.
         """
         key = (point.backend, point.dtype)
         if key not in self._overheads:
@@ -261,7 +260,7 @@ class PointRunner:
         return self.check_point(point, row, out)
 
     # The two phases of a point.  The serial executor runs them back to back; the Dask
-    # executor (attnbench.cluster) runs the first under the host's timing slot and the
+    # executor (attnbench.sweep.cluster) runs the first under the host's timing slot and the
     # second anywhere, so that checks may overlap timings but timings never overlap.
 
     def time_point(self, point: Point) -> tuple[Row, object]:
@@ -328,8 +327,8 @@ class PointRunner:
         return result, out
 
     def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
-        """cuda and torch-cuda: device-resident inputs, CUDA events (attnbench.cuda_timing)."""
-        from . import cuda_timing
+        """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
+        from attnbench.measure import gpu_timing as cuda_timing
 
         timed = cuda_timing.time_attention(point.backend, q, k, v, kwargs,
                                            max_time=self.max_time)
@@ -388,9 +387,9 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     Parameters
     ----------
     points : sequence of Point
-        Usually :func:`attnbench.grid.expand` of some grids.
+        Usually :func:`attnbench.sweep.grid.expand` of some grids.
     max_time : float, default 0.2
-        Timing budget per point in seconds (:func:`attnbench.timing.measure`).
+        Timing budget per point in seconds (:func:`attnbench.measure.timing.measure`).
     oracle_limit : int, default ORACLE_LIMIT
         Largest problem, in score entries B·H·L², whose error against the oracle is
         computed (a quarter of it for float64); above it the row's ``oracle`` says skipped.
@@ -404,7 +403,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     progress : bool, default True
         Show a tqdm progress bar with an ETA on stderr.
     with_machine : bool, default True
-        Add the :func:`attnbench.machine.machine_columns` to every row.
+        Add the :func:`attnbench.measure.machine.machine_columns` to every row.
     runner : PointRunner, optional
         Use this runner (its settings win over the arguments above).
     threads : int, optional

@@ -1,12 +1,12 @@
 """Sweeps on a Dask cluster: ``attnbench sweep --cluster local:N`` or ``--cluster tcp://HOST:PORT``.
 
-:class:`DaskExecutor` is an executor of :func:`attnbench.sweep.run_sweep` (a function
+:class:`DaskExecutor` is an executor of :func:`attnbench.sweep.runner.run_sweep` (a function
 ``executor(points, run_point)`` yielding rows) that hands the points to Dask
 distributed.  ``dask[distributed]`` is an optional dependency (``pip install
 'attnbench[cluster]'``), imported only when a cluster is asked for.
 
 **One timing at a time per host.**  Each point is two tasks (the two phases of
-:class:`attnbench.sweep.PointRunner`):
+:class:`attnbench.sweep.runner.PointRunner`):
 
 1. *time*: build the inputs, run the backend once (compiles; the output that is
    checked), time it, measure its memory.  It needs the resource ``timing`` (one unit);
@@ -41,7 +41,7 @@ to start if a host has two timing slots (its timings would overlap) or if no wor
 offers one.  attnbench and its dependencies must be installed on every worker.
 
 **Rows and hosts.**  Every row carries the machine columns of the host that timed it
-(:func:`attnbench.machine.machine_columns`: ``hostname``, CPU model, threads, BLAS,
+(:func:`attnbench.measure.machine.machine_columns`: ``hostname``, CPU model, threads, BLAS,
 versions), the worker's address (``worker``), the wall-clock interval of the timing
 (``timed_from``, ``timed_to``, seconds since the epoch) and, on its way to the journal,
 the host's full machine record.  Unless the sweep was given GEMM peaks, each worker
@@ -74,7 +74,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .grid import Point
+from attnbench.sweep.grid import Point
 
 __all__ = ["TIMING_RESOURCE", "ClusterSpec", "DaskExecutor", "host_timing_lock",
            "parse_cluster"]
@@ -169,9 +169,9 @@ def _worker_address() -> str:
 def time_task(runner, token: str, point: Point, *, threads, memory_budget,
               measure_peaks: bool, lock_path=LOCK_PATH):
     """Phase 1 of a point, on a worker holding its host's timing slot: ``(row, output)``."""
-    from .journal import MACHINE_FIELD
-    from .machine import gemm_peak_gflops, machine_columns, machine_record
-    from .sweep import limit_threads
+    from attnbench.measure.machine import gemm_peak_gflops, machine_columns, machine_record
+    from attnbench.sweep.journal import MACHINE_FIELD
+    from attnbench.sweep.runner import limit_threads
 
     worker_runner = _worker_runner(runner, token, memory_budget)
     with host_timing_lock(lock_path) as waited, limit_threads(threads):
@@ -188,7 +188,7 @@ def time_task(runner, token: str, point: Point, *, threads, memory_budget,
 
 def check_task(runner, token: str, point: Point, timed, *, threads, memory_budget):
     """Phase 2 of a point, on any worker: the finished row."""
-    from .sweep import limit_threads
+    from attnbench.sweep.runner import limit_threads
 
     row, out = timed
     worker_runner = _worker_runner(runner, token, memory_budget)

@@ -2,10 +2,10 @@
 
 This is what ``attnbench run`` does: for each case of the grid (a shape crossed with
 a mask kind) and each dtype, it builds the inputs once, computes the oracle (float64,
-or extended precision for float64 inputs) and the tolerance (:mod:`attnbench.accuracy`),
+or extended precision for float64 inputs) and the tolerance (:mod:`attnbench.measure.oracle`),
 then runs each backend through the public :func:`kernels.attention` and records its max
 abs error, whether that is within the tolerance, its median time and IQR
-(:mod:`attnbench.timing`) and its GFLOP/s (:mod:`attnbench.flops`).  One row per
+(:mod:`attnbench.measure.timing`) and its GFLOP/s (:mod:`attnbench.measure.flops`).  One row per
 (case, dtype, backend).
 
 The shapes exercise the tails of the kernels' tiles: odd sizes (L 97 and 113, D 59),
@@ -24,12 +24,11 @@ import numpy as np
 import pandas as pd
 
 import kernels
+from attnbench.measure.flops import flops_of_problem, gflops
+from attnbench.measure.machine import machine_columns
+from attnbench.measure.oracle import max_abs_error, oracle, tolerance
+from attnbench.measure.timing import measure
 from kernels import available_backends, cuda_status, has_real_gpu
-
-from .accuracy import max_abs_error, oracle, tolerance
-from .flops import flops_of_problem, gflops
-from .machine import machine_columns
-from .timing import measure
 
 __all__ = ["GRIDS", "MASK_KINDS", "Shape", "agreement_table", "make_inputs", "select_backends"]
 
@@ -211,12 +210,12 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
     dtypes : sequence of dtype, default (float32, float64)
     max_time : float, default 0.05
         Timing budget per (case, dtype, backend), in seconds (see
-        :func:`attnbench.timing.measure`); at least 3 timed calls are made.
+        :func:`attnbench.measure.timing.measure`); at least 3 timed calls are made.
     gemm_peaks : dict, optional
-        ``{"float32": GFLOP/s, ...}`` from :func:`attnbench.machine.gemm_peak_gflops`;
+        ``{"float32": GFLOP/s, ...}`` from :func:`attnbench.measure.machine.gemm_peak_gflops`;
         adds ``gemm_peak_gflops`` (the peak of the row's dtype) and ``pct_of_gemm_peak``.
     with_machine : bool, default True
-        Append the :func:`attnbench.machine.machine_columns` to every row.
+        Append the :func:`attnbench.measure.machine.machine_columns` to every row.
     settle : float, default SETTLE_SECONDS
         Pause before timing each backend, so that the previous one's threads are idle.
 
@@ -225,7 +224,7 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
     pandas.DataFrame
         Columns ``case, B, H, Hkv, Lq, Lk, D, Dv, mask, dtype, backend, max_abs_err,
         baseline_err, tolerance, ok, median_ms, iqr_ms, calls, gflops``: the backend's max
-        abs error against the oracle (:func:`attnbench.accuracy.oracle`), that of the
+        abs error against the oracle (:func:`attnbench.measure.oracle.oracle`), that of the
         plain implementation in the input dtype, the tolerance derived from it, whether
         the backend is within it, its median time and IQR, timed calls and GFLOP/s;
         [``gemm_peak_gflops, pct_of_gemm_peak``], ``error`` (the exception of a backend

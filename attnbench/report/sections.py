@@ -2,7 +2,7 @@
 
 Every part of the harness that contributes to the HTML report (sweeps and scaling,
 the softmax-stability study, parameter arithmetic, the claims ledger) returns
-``Section`` objects; :mod:`attnbench.html_report` renders a list of them.  Keeping
+``Section`` objects; :mod:`attnbench.report.html` renders a list of them.  Keeping
 the hand-over this small lets each part be built and tested on its own.
 """
 

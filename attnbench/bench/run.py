@@ -10,11 +10,11 @@ Implementations:
 
 - ``numba``: :func:`kernels.attention` with ``backend="numba"`` (validation included);
 - ``torch``: PyTorch's ``scaled_dot_product_attention`` on the CPU
-  (:mod:`attnbench.peers`), with ``torch.set_num_threads`` equal to Numba's threads;
-- ``numpy``: the plain formula in NumPy, in the input dtype (:mod:`attnbench.peers`),
+  (:mod:`attnbench.measure.peers`), with ``torch.set_num_threads`` equal to Numba's threads;
+- ``numpy``: the plain formula in NumPy, in the input dtype (:mod:`attnbench.measure.peers`),
   its BLAS held to the same thread count;
 - ``gemm floor`` (non-causal shapes): the numba kernel's two tile GEMMs alone, same tiles
-  and tasks, no softmax (:mod:`attnbench.gemm_floor`): the time the kernel would take if
+  and tasks, no softmax (:mod:`attnbench.bench.gemm_floor`): the time the kernel would take if
   its softmax were free, so its ratio to a peer is the lowest ratio the kernel can reach.
 
 A peer that is not installed is reported as missing (a row with that status), not
@@ -24,10 +24,10 @@ after it, then given ``torch.set_num_threads``, torch's SDPA ran 5x slower here 
 flatter numba.  Sections of the table (column ``section``):
 
 - ``speed``: B=1, H=12, D=64, every L, causal and not: time, GFLOP/s (visible pairs,
-  :mod:`attnbench.flops`), % of the float32 GEMM peak measured in this run
-  (:func:`attnbench.machine.gemm_peak_gflops`, the larger of a measurement before and
+  :mod:`attnbench.measure.flops`), % of the float32 GEMM peak measured in this run
+  (:func:`attnbench.measure.machine.gemm_peak_gflops`, the larger of a measurement before and
   after the timings), numba / torch and numba / numpy, and the error of each against
-  the oracle (:mod:`attnbench.accuracy`) on the last ``error_rows`` queries of head 0
+  the oracle (:mod:`attnbench.measure.oracle`) on the last ``error_rows`` queries of head 0
   (rows are independent, so the oracle never needs the whole L x L problem);
 - ``peak``: the same, non-causal, for the other head sizes (D=128) at L >= 2048;
 - ``float64``: float64 beside float32 (no target);
@@ -62,21 +62,25 @@ import numpy as np
 import pandas as pd
 
 import kernels
-
-from . import peers
-from .accuracy import max_abs_error, oracle, tolerance
-from .flops import attention_flops, gflops
-from .gemm_floor import measurable as floor_measurable
-from .gemm_floor import tile_gemms_call
-from .machine import gemm_peak_gflops, machine_columns, machine_record, summary_lines
-from .timing import Timing, measure, peak_extra_memory
+from attnbench.bench.gemm_floor import measurable as floor_measurable
+from attnbench.bench.gemm_floor import tile_gemms_call
+from attnbench.measure import peers
+from attnbench.measure.flops import attention_flops, gflops
+from attnbench.measure.machine import (
+    gemm_peak_gflops,
+    machine_columns,
+    machine_record,
+    summary_lines,
+)
+from attnbench.measure.oracle import max_abs_error, oracle, tolerance
+from attnbench.measure.timing import Timing, measure, peak_extra_memory
 
 __all__ = ["COLUMNS", "QUICK", "TARGET_COLUMNS", "BenchConfig", "command", "run_bench",
            "targets_table"]
 
 #: Implementations compared, in table order.
 IMPLS = ("numba", "torch", "numpy")
-#: The numba kernel's tile GEMMs alone (:mod:`attnbench.gemm_floor`), timed beside it on
+#: The numba kernel's tile GEMMs alone (:mod:`attnbench.bench.gemm_floor`), timed beside it on
 #: non-causal shapes: the floor under its time.
 FLOOR = "gemm floor"
 #: Seed of the inputs of every shape.
@@ -140,7 +144,7 @@ SHORT_BATCH_SECONDS = 0.25
 
 def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time: float,
                 settle: float = SETTLE_SECONDS) -> dict[str, Timing]:
-    """Time every call in interleaved rounds with :func:`attnbench.timing.measure`.
+    """Time every call in interleaved rounds with :func:`attnbench.measure.timing.measure`.
 
     The first round warms each call up (one untimed call: compilation, first touch) and
     picks its batch size (calls per sample, grown until a batch lasts ``min_time``);
@@ -471,14 +475,15 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
     -------
     table : DataFrame
         One row per (section, implementation, shape, variant): :data:`COLUMNS`, then the
-        machine columns (:func:`attnbench.machine.machine_columns`) and the GEMM peaks.
+        machine columns (:func:`attnbench.measure.machine.machine_columns`) and the GEMM peaks.
     meta : dict
         ``config``, ``gemm_peak_gflops`` (before and after the timings, and the one used),
-        ``machine`` (:func:`attnbench.machine.machine_record`), ``seconds``, ``load_average``.
+        ``machine`` (:func:`attnbench.measure.machine.machine_record`), ``seconds``,
+        ``load_average``.
     """
     import numba
 
-    from .sweep import limit_threads  # Numba, torch, every BLAS and OpenMP pool
+    from attnbench.sweep.runner import limit_threads  # Numba, torch, every BLAS and OpenMP pool
 
     if "torch" in config.peers:
         peers.peer_status("torch")  # import torch before Numba's threads start: see below
@@ -777,8 +782,8 @@ def plot(table: pd.DataFrame):
 def write_results(table: pd.DataFrame, targets: pd.DataFrame, meta: dict, out_dir,
                   *, command_line: str = "") -> list[Path]:
     """Write bench.csv, targets.csv, machine.json, bench.png, bench.html and bench.md."""
-    from .html_report import write_html
-    from .sections import Section
+    from attnbench.report.html import write_html
+    from attnbench.report.sections import Section
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
-"""The harness's own small CUDA kernels (imported by :mod:`attnbench.cuda_timing` on use).
+"""The harness's own small CUDA kernels (imported by :mod:`attnbench.measure.gpu_timing` on use).
 
 They live in a module of their own that imports ``numba.cuda`` at the top, as kernels
 must for Numba's CUDA simulator (it swaps the module's ``cuda`` global while a kernel
-runs), so that importing :mod:`attnbench.cuda_timing` does not import numba.cuda.
+runs), so that importing :mod:`attnbench.measure.gpu_timing` does not import numba.cuda.
 """
 
 from __future__ import annotations

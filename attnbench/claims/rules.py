@@ -1,8 +1,8 @@
 """Verdict words, the rules for comparing stated numbers, and the timing helpers.
 
-Shared by the claims ledger (:mod:`attnbench.claims`) and its check modules
-(:mod:`attnbench.checks_softmax`, :mod:`attnbench.checks_attention`,
-:mod:`attnbench.checks_cost`).  How a stated number is compared:
+Shared by the claims ledger (:mod:`attnbench.claims.ledger`) and its check modules
+(:mod:`attnbench.claims.softmax`, :mod:`attnbench.claims.attention`,
+:mod:`attnbench.claims.cost`).  How a stated number is compared:
 
 - A number quoted to some precision ("4.7", "28.3M", "[0.73, 0.05, 0.22]") matches a
   measured value when the measured value rounds to it: :func:`rounds_to` (within half a
@@ -69,7 +69,7 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
     """Time several functions in alternation, so that load changes hit them all alike.
 
     Each function is warmed up (compilation excluded), then ``rounds`` times in turn timed
-    with :func:`attnbench.timing.measure` (at least 3 samples, ``max_time`` each).
+    with :func:`attnbench.measure.timing.measure` (at least 3 samples, ``max_time`` each).
 
     Parameters
     ----------
@@ -92,7 +92,7 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
     """
     import time
 
-    from .timing import measure
+    from attnbench.measure.timing import measure
 
     clock = time.process_time if cpu else time.perf_counter
     previous = None

@@ -1,7 +1,7 @@
 """Checks of the claims about softmax itself: C01–C03, C06, C14–C16, C21, C23.
 
 Each ``cNN()`` computes what its claim is about and returns a
-:class:`attnbench.verdicts.Result` whose verdict follows from the numbers by the rule in
+:class:`attnbench.claims.rules.Result` whose verdict follows from the numbers by the rule in
 the function's docstring.  Everything is seeded and deterministic.
 """
 
@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-
-from . import stability
-from .verdicts import CAVEAT, FAILS, HOLDS, Result, rounds_to
+from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
+from attnbench.studies import stability
 
 #: The sources' example scores (article 004) and the weights it says softmax gives.
 EXAMPLE_SCORES = (0.9, 0.1, 0.3)
@@ -140,13 +139,13 @@ def c03() -> Result:
 
 
 def c06() -> Result:
-    """Rule (from :func:`attnbench.stability.scaling_study`, q and k with independent
+    """Rule (from :func:`attnbench.studies.stability.scaling_study`, q and k with independent
     unit-variance entries): the log-log slope of the unscaled logit variance against d_k
     must be within 0.1 of 1; the scaled variance within 20 % of 1 at every d_k; and
     saturation must separate the two: the unscaled largest weight rises with d_k while the
     scaled one stays below 0.2 and no scaled row is nearly one-hot.  holds if all,
     does-not-hold otherwise."""
-    from .verdicts import loglog_slope
+    from attnbench.claims.rules import loglog_slope
 
     study = stability.scaling_study()
     raw = study[~study["scaled"]].sort_values("d_k")

@@ -1,10 +1,10 @@
 """Results from several hosts and devices: grouping rows, per-host peaks, the hosts section.
 
-A sweep on a Dask cluster (:mod:`attnbench.cluster`), or results gathered from several
+A sweep on a Dask cluster (:mod:`attnbench.sweep.cluster`), or results gathered from several
 machines, holds rows timed on different hosts, and on a GPU host, rows of the CPU and
 of the GPU.  Their times must not be mixed in one table, plot or fit: a *group* is one
 host and one device (:func:`group_labels`: ``"host-a"`` for its CPU, ``"host-a /
-NVIDIA H200 (cc 9.0)"`` for its GPU).  The report (:func:`attnbench.report.sweep_sections`)
+NVIDIA H200 (cc 9.0)"`` for its GPU).  The report (:func:`attnbench.report.build.sweep_sections`)
 gives each group its own sweep and scaling sections, after :func:`hosts_section`: one
 line per group (machine, peaks, points) and, for the points measured in more than one
 group, their median times side by side.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .sections import Section
+from attnbench.report.sections import Section
 
 __all__ = ["GROUP_COLUMN", "device_of", "group_labels", "groups", "host_peaks",
            "hosts_section", "scaling_by_group"]
@@ -81,7 +81,7 @@ def host_peaks(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def scaling_by_group(table: pd.DataFrame, fit) -> pd.DataFrame:
-    """``fit(rows)`` (e.g. :func:`attnbench.scaling.scaling_table`) per group.
+    """``fit(rows)`` (e.g. :func:`attnbench.studies.scaling.scaling_table`) per group.
 
     One group: ``fit(table)`` as it is.  Several: the fits of each group, with a
     ``group`` column first, so that no series mixes hosts.

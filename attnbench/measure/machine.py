@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .timing import measure
+from attnbench.measure.timing import measure
 
 __all__ = ["gemm_peak_gflops", "machine_columns", "machine_record"]
 
@@ -236,7 +236,7 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
     """The machine's measured dense GEMM throughput with NumPy's BLAS, in GFLOP/s.
 
     Times ``a @ b`` for square ``n x n`` matrices (``2·n³`` FLOPs) with
-    :func:`attnbench.timing.measure` and returns the FLOPs over the median time: what
+    :func:`attnbench.measure.timing.measure` and returns the FLOPs over the median time: what
     this machine's BLAS actually reaches on all its threads, measured in this process so
     kernels can be compared against it side by side.
 
@@ -249,7 +249,7 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
     repeat : int, default 7
         Timed products (the median is used); one untimed warm-up comes first.
     max_time : float, default 2.0
-        Time budget in seconds (see :func:`attnbench.timing.measure`).
+        Time budget in seconds (see :func:`attnbench.measure.timing.measure`).
 
     Returns
     -------

@@ -4,7 +4,7 @@ C20, C22, C25, C26, C30, C31.
 They run :func:`kernels.attention` (the fused ``numba`` backend, and the ``reference``
 where the claim is about the formula), :class:`kernels.MultiHeadAttention` and the two
 multi-head forms of :mod:`kernels.reference`.  Each ``cNN()`` returns a
-:class:`attnbench.verdicts.Result` decided by the rule in its docstring.
+:class:`attnbench.claims.rules.Result` decided by the rule in its docstring.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
+from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
 from kernels import reference
-
-from .verdicts import CAVEAT, FAILS, HOLDS, Result, rounds_to
 
 #: Article 001's one-block example: the embeddings of "I love this movie" (4 x 3).
 EXAMPLE_EMBEDDINGS = np.array([[1.0, 0.2, 0.1],   # I

@@ -28,8 +28,7 @@ import numpy as np
 import pandas as pd
 
 import kernels
-
-from .sections import Section
+from attnbench.report.sections import Section
 
 __all__ = [
     "D_K_VALUES",

@@ -6,7 +6,7 @@ when the table holds nothing to draw.
 
 - :func:`time_vs_length`: median time against L, log-log, one panel per mask kind;
   IQR error bars; filled markers are the points the fit used, hollow ones were left
-  out (overhead-dominated, see :mod:`attnbench.scaling`); each fitted line is labelled
+  out (overhead-dominated, see :mod:`attnbench.studies.scaling`); each fitted line is labelled
   with its slope and 95% interval, and a dashed L² guide is drawn through the data.
 - :func:`gflops_by_backend`: GFLOP/s against L per backend, with the GEMM peak of the
   same run as a horizontal line.
@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from .sections import Section
+from attnbench.report.sections import Section
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]
@@ -90,7 +90,7 @@ def _fit_row(fits: pd.DataFrame | None, quantity: str, fixed: dict):
 
 def time_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Figure | None:
     """Median time against L per backend, log-log, one panel per mask kind."""
-    from .scaling import fit_from_row, fit_mask
+    from attnbench.studies.scaling import fit_from_row, fit_mask
 
     data = _ok(table)
     data = data.assign(_used=fit_mask(data, "time"))
@@ -204,9 +204,9 @@ def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> F
     """Memory that grows with the problem against L, per backend and mask, log-log, with fits.
 
     The y axis is the peak extra memory of one call minus that of the backend's smallest
-    call (:func:`attnbench.scaling.memory_growth`), the quantity the fits are made on.
+    call (:func:`attnbench.studies.scaling.memory_growth`), the quantity the fits are made on.
     """
-    from .scaling import fit_from_row, memory_growth
+    from attnbench.studies.scaling import fit_from_row, memory_growth
 
     data = _ok(table)
     data = data.assign(_growth=memory_growth(data))

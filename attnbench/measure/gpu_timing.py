@@ -2,7 +2,7 @@
 
 A sweep point of a GPU backend (``cuda``: :mod:`kernels.cuda_backend`; ``torch-cuda``:
 PyTorch's ``scaled_dot_product_attention`` on the GPU) is measured in three parts, each
-with :class:`attnbench.timing.Timing` statistics (median, IQR over batches):
+with :class:`attnbench.measure.timing.Timing` statistics (median, IQR over batches):
 
 - **host -> device**: copying q, k and v (NumPy, pageable memory) into device arrays
   allocated beforehand;
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .timing import Timing, _batch_sizes, measure
+from attnbench.measure.timing import Timing, _batch_sizes, measure
 
 __all__ = ["FP32_LANES_PER_SM", "GpuTiming", "Peak", "backend_status", "device_label",
            "device_peak_gflops", "device_record", "fma_peak_gflops", "theoretical_fp32_gflops",
@@ -62,7 +62,7 @@ FP32_LANES_PER_SM = {
     (7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
     (9, 0): 128, (10, 0): 128, (10, 3): 128, (12, 0): 128, (12, 1): 128,
 }
-#: Independent FMA chains per thread of the FMA kernel (attnbench._cuda_kernels).
+#: Independent FMA chains per thread of the FMA kernel (attnbench.measure._cuda_kernels).
 FMA_CHAINS = 8
 
 
@@ -205,7 +205,7 @@ def run_fma_kernel(dtype, *, blocks: int, threads: int, iterations: int,
     """Run the FMA kernel once and return its output (one value per thread)."""
     from numba import cuda
 
-    from ._cuda_kernels import fma_kernel
+    from attnbench.measure._cuda_kernels import fma_kernel
 
     dtype = np.dtype(dtype)
     out = cuda.device_array(blocks * threads, dtype=dtype)
@@ -225,7 +225,7 @@ def fma_peak_gflops(dtype, *, iterations: int = 4096, repeat: int = 5) -> float:
         return float("nan")
     from numba import cuda
 
-    from ._cuda_kernels import fma_kernel
+    from attnbench.measure._cuda_kernels import fma_kernel
 
     dtype = np.dtype(dtype)
     sms = _device_record()["multiprocessor_count"] or 1
@@ -294,7 +294,7 @@ class _EventTimer:
     def __init__(self):
         from numba import cuda
 
-        from ._cuda_kernels import blocker
+        from attnbench.measure._cuda_kernels import blocker
 
         self.cuda = cuda
         self.enqueue_seconds = 0.0  # host time to enqueue the last batch
@@ -335,7 +335,7 @@ def _event_timer() -> _EventTimer:
 
 def _measure_gpu(fn, timer: _EventTimer | None, *, max_time: float, repeat: int = 7,
                  min_time: float = 2e-4, blocker: bool = True) -> Timing:
-    """:func:`attnbench.timing.measure` semantics, with event-timed batches on a GPU.
+    """:func:`attnbench.measure.timing.measure` semantics, with event-timed batches on a GPU.
 
     One untimed call first; then batches of 1, 2, 5, 10, ... calls until one lasts
     ``min_time`` of GPU time (that batch is the first sample); then batches of that size

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .sections import Section
+from attnbench.report.sections import Section
 
 __all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "section",
            "t_quantile_975", "verdict"]
@@ -299,14 +299,14 @@ def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
     Parameters
     ----------
     table : pandas.DataFrame
-        A sweep table (:func:`attnbench.sweep.run_sweep`).
+        A sweep table (:func:`attnbench.sweep.runner.run_sweep`).
     fits : pandas.DataFrame, optional
         :func:`scaling_table` of it (computed if not given).
     meta : dict, optional
         The sweep's ``sweep.json``: its load averages are quoted, with a warning when
         the machine was busy.
     """
-    from . import plots
+    from attnbench.report import plots
 
     fits = scaling_table(table) if fits is None else fits
     text = (

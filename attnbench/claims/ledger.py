@@ -1,8 +1,8 @@
 """The claims ledger: every claim of the source articles as a measured verdict.
 
 The 31 claims (ids C01–C31, as in the project's ``claims.md``) are listed in
-:data:`CLAIMS`.  Each has a check function (in :mod:`attnbench.checks_softmax`,
-:mod:`attnbench.checks_attention` and :mod:`attnbench.checks_cost`) that measures or
+:data:`CLAIMS`.  Each has a check function (in :mod:`attnbench.claims.softmax`,
+:mod:`attnbench.claims.attention` and :mod:`attnbench.claims.cost`) that measures or
 computes what the claim is about and returns a :class:`Result`: the measured value(s),
 and a verdict decided from them by an explicit rule written in the check's docstring —
 never by hand.  The verdicts:
@@ -14,7 +14,7 @@ never by hand.  The verdicts:
 - ``does-not-hold``: the measurement contradicts the claim.
 - ``error``: the check itself raised; the message is recorded and the ledger goes on.
 
-How a stated number is compared (the rules the checks share, in :mod:`attnbench.verdicts`):
+How a stated number is compared (the rules the checks share, in :mod:`attnbench.claims.rules`):
 
 - A number quoted to some precision ("4.7", "28.3M", "[0.73, 0.05, 0.22]") matches a
   measured value when the measured value rounds to it (within half a unit of the last
@@ -42,11 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import checks_attention as att
-from . import checks_cost as cost
-from . import checks_softmax as sm
-from .sections import Section
-from .verdicts import ABOUT_RELATIVE, CAVEAT, ERROR, FAILS, HOLDS, VERDICTS, Result
+from attnbench.claims import attention as att
+from attnbench.claims import cost
+from attnbench.claims import softmax as sm
+from attnbench.claims.rules import ABOUT_RELATIVE, CAVEAT, ERROR, FAILS, HOLDS, VERDICTS, Result
+from attnbench.report.sections import Section
 
 __all__ = [
     "CLAIMS",

@@ -9,7 +9,7 @@ that finished.  Lines are:
   settings (timing budget, threads, ...);
 - ``{"type": "row", "key": KEY, "row": {...}}``: one finished point (its whole row);
 - ``{"type": "machine", "host": HOST, "record": {...}}``: the full machine record
-  (:func:`attnbench.machine.machine_record`) of a host, the first time a row of it comes.
+  (:func:`attnbench.measure.machine.machine_record`) of a host, the first time a row of it comes.
 
 A point's identity is :func:`point_key`, a stable string of its parameters (backend,
 L, d_k, heads, kv_heads, batch, mask, dtype).  Re-running the same sweep with
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .grid import Point
+from attnbench.sweep.grid import Point
 
 __all__ = ["DONE_STATUSES", "JOURNAL_NAME", "MACHINE_FIELD", "Journal", "JournalContents",
            "journaled", "load_journal", "point_key", "point_of_row"]
@@ -203,7 +203,7 @@ def journaled(executor, journal: Journal, done: dict[str, dict] | None = None):
     Parameters
     ----------
     executor : callable
-        ``executor(points, run_point)`` yielding rows (see :mod:`attnbench.sweep`).
+        ``executor(points, run_point)`` yielding rows (see :mod:`attnbench.sweep.runner`).
     journal : Journal
     done : dict, optional
         Rows of points not to run again, by :func:`point_key` (:meth:`JournalContents.done`).
@@ -227,7 +227,7 @@ def journaled(executor, journal: Journal, done: dict[str, dict] | None = None):
                 todo.append(point)
         for row in executor(todo, run_point):
             if "hostname" not in row:  # measured in this process: this host
-                from .machine import machine_columns, machine_record
+                from attnbench.measure.machine import machine_columns, machine_record
 
                 row = {**row, **machine_columns(), MACHINE_FIELD: machine_record()}
             row = journal.append(row)

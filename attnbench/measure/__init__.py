@@ -1,0 +1,15 @@
+"""Measuring: everything a number in attnbench is taken with.
+
+- :mod:`~attnbench.measure.timing`: the one CPU timer (interleaved rounds, median, spread)
+  and peak extra memory.
+- :mod:`~attnbench.measure.gpu_timing`: CUDA-event timing of the GPU backends, the device
+  record and its FMA peak.
+- :mod:`~attnbench.measure.machine`: the machine record (CPU, threads, BLAS, versions) and
+  the GEMM peak.
+- :mod:`~attnbench.measure.flops`: FLOPs of one attention call, counting visible pairs.
+- :mod:`~attnbench.measure.oracle`: the float64 oracle and the baseline-relative tolerance.
+- :mod:`~attnbench.measure.peers`: implementations outside :mod:`kernels` (NumPy formula,
+  PyTorch SDPA), one adapter each.
+- :mod:`~attnbench.measure.problems`: the one input generator, the mask kinds, thread
+  limits, the load average and the tuning constants every experiment shares.
+"""

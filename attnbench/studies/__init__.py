@@ -1,0 +1,7 @@
+"""Studies: what the sweeps and kernels are used to find out.
+
+- :mod:`~attnbench.studies.scaling`: power-law fits (time, FLOPs, memory against L, d_k,
+  heads, batch) with intervals and verdicts.
+- :mod:`~attnbench.studies.stability`: softmax saturation with and without the 1/√d_k scale.
+- :mod:`~attnbench.studies.params`: parameter arithmetic of published models.
+"""
