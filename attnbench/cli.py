@@ -8,39 +8,10 @@ lists them: ``run`` (the main job), ``sweep`` and ``report``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from attnbench import __version__
-
-#: Columns of the console table, with their headers.
-DISPLAY_COLUMNS = {
-    "case": "case", "B": "B", "H": "H", "Hkv": "Hkv", "Lq": "Lq", "Lk": "Lk", "D": "D",
-    "Dv": "Dv", "mask": "mask", "dtype": "dtype", "backend": "backend",
-    "max_abs_err": "max|err|", "tolerance": "tol", "ok": "agree",
-    "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
-    "pct_of_gemm_peak": "% GEMM",
-}
-
-
-def _format_table(table: pd.DataFrame) -> str:
-    """The agreement table as readable fixed-width text."""
-    shown = table[[column for column in DISPLAY_COLUMNS if column in table]].copy()
-    shown["ok"] = shown["ok"].map({True: "yes", False: "NO"})
-    formatters = {
-        "max_abs_err": "{:.2e}".format, "tolerance": "{:.2e}".format,
-        "median_ms": "{:.3f}".format, "iqr_ms": "{:.3f}".format,
-        "gflops": "{:.2f}".format, "pct_of_gemm_peak": "{:.1f}".format,
-    }
-    shown = shown.rename(columns=DISPLAY_COLUMNS)
-    formatters = {DISPLAY_COLUMNS[key]: value for key, value in formatters.items()}
-    return shown.to_string(index=False, formatters=formatters)
 
 
 def _add_run(subparsers) -> None:
@@ -96,51 +67,9 @@ def _add_run(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from attnbench.measure.machine import gemm_peak_gflops, machine_record, summary_lines
-    from attnbench.sweep.agreement import GRIDS, MASK_KINDS, agreement_table, select_backends
+    from attnbench.job import run_command
 
-    start = time.perf_counter()
-    load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    try:
-        backends = select_backends(args.backends)
-    except ValueError as exc:
-        print(f"attnbench run: error: {exc}", file=sys.stderr)
-        return 2
-    record = machine_record()
-    peaks = {np.dtype(dtype).name: gemm_peak_gflops(dtype) for dtype in (np.float32, np.float64)}
-    lines = summary_lines(record)
-    lines.append("GEMM peak  " + ", ".join(f"{name} {peak:.1f} GFLOP/s (numpy matmul, n=1024)"
-                                             for name, peak in peaks.items()))
-    busy = load_1m > 0.5 * (record["usable_cores"] or 1)
-    lines.append(f"Load       {load_1m:.2f} (1-min average before the run)" + (
-        ": the machine was busy, timings may be noisy" if busy else ""))
-    print("\n".join(lines))
-    n_shapes = len(GRIDS[args.grid])
-    print(f"\nGrid '{args.grid}': {n_shapes} shape{'s' * (n_shapes != 1)} x "
-          f"{len(MASK_KINDS)} mask kinds x 2 dtypes, backends {', '.join(backends)}\n",
-          flush=True)
-
-    table = agreement_table(args.grid, backends=backends, max_time=args.max_time,
-                            gemm_peaks=peaks)
-    print(_format_table(table))
-
-    failed = table[~table["ok"]]
-    for row in failed[failed["error"] != ""].itertuples():
-        print(f"\n{row.backend} on {row.case} / {row.mask} / {row.dtype} raised: {row.error}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / "agreement.csv"
-    table.to_csv(csv_path, index=False)
-    elapsed = time.perf_counter() - start
-    machine_path = args.out / "machine.json"
-    machine_path.write_text(json.dumps(
-        {**record, "gemm_peak_gflops": peaks, "load_average_1m": load_1m,
-         "run_seconds": elapsed}, indent=2) + "\n")
-    print(f"\n{len(table) - len(failed)}/{len(table)} rows agree with the reference. "
-          f"Wrote {csv_path} and {machine_path} in {elapsed:.1f} s.")
-    from attnbench.job import run_job
-
-    return run_job(args, agreement_status=0 if failed.empty else 1, gemm_peaks=peaks,
-                   started=start, sweep_max_time=args.sweep_max_time)
+    return run_command(args)
 
 
 def _positive_int(text: str) -> int:

@@ -34,6 +34,7 @@ import pandas as pd
 from attnbench.report import build as report
 from attnbench.report import html as html_report
 from attnbench.report.sections import Section
+from attnbench.sweep.agreement import run_agreement
 from attnbench.sweep.files import save_results
 from attnbench.sweep.grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
 from attnbench.sweep.runner import points_summary, run_sweep
@@ -317,3 +318,14 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
     print(f"\nWrote {html_path} (and the tables beside it) in {elapsed:.0f} s; exit status "
           f"{status}.")
     return status
+
+
+def run_command(args) -> int:
+    """``attnbench run``: the agreement table (:func:`~attnbench.sweep.agreement.run_agreement`),
+    then :func:`run_job` (sweep, fits, studies, report)."""
+    status, peaks, started = run_agreement(args.out, grid=args.grid, backends=args.backends,
+                                           max_time=args.max_time)
+    if status == 2:
+        return 2
+    return run_job(args, agreement_status=status, gemm_peaks=peaks, started=started,
+                   sweep_max_time=args.sweep_max_time)

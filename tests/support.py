@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 
 import kernels
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
+from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: F401 (re-exported)
 from kernels import reference
 
 DTYPES = (np.float32, np.float64)
@@ -31,65 +31,9 @@ DTYPES = (np.float32, np.float64)
 COMPARISONS: list[tuple[str, str, float, float]] = []
 
 
-@dataclass(frozen=True)
-class Case:
-    """One attention problem for the differential tests (sizes, masks, dropout)."""
-
-    name: str
-    B: int = 1  # batch
-    H: int = 2  # query heads
-    Hkv: int | None = None  # key/value heads (None: H)
-    Lq: int = 7  # queries
-    Lk: int | None = None  # keys (None: Lq)
-    D: int = 8  # head size of q and k
-    Dv: int | None = None  # head size of v (None: D)
-    causal: bool | str = False
-    mask: str | None = None  # None, "bool", "float", "padding" (B,1,1,Lk bool), "empty-rows"
-    key_lengths: str | None = None  # None, "random", "with-zero"
-    dropout_p: float = 0.0
-    scale: float | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def shapes(self):
-        Hkv = self.Hkv or self.H
-        Lk = self.Lk if self.Lk is not None else self.Lq
-        Dv = self.Dv or self.D
-        return (self.B, self.H, self.Lq, self.D), (self.B, Hkv, Lk, self.D), (self.B, Hkv, Lk, Dv)
-
-
-def make_inputs(case: Case, dtype, seed: int = 0):
-    """Random q, k, v and the keyword arguments of ``case``, reproducibly from ``seed``."""
-    rng = np.random.default_rng(seed)
-    q_shape, k_shape, v_shape = case.shapes
-    q = rng.standard_normal(q_shape).astype(dtype)
-    k = rng.standard_normal(k_shape).astype(dtype)
-    v = rng.standard_normal(v_shape).astype(dtype)
-    B, H, Lq, _ = q_shape
-    Lk = k_shape[2]
-    kwargs = dict(causal=case.causal, scale=case.scale, **case.extra)
-    if case.mask == "bool":
-        kwargs["mask"] = rng.random((B, H, Lq, Lk)) < 0.7
-    elif case.mask == "float":
-        additive = rng.standard_normal((1, H, Lq, Lk))
-        additive[rng.random(additive.shape) < 0.3] = -np.inf
-        kwargs["mask"] = additive.astype(dtype)
-    elif case.mask == "padding":
-        kwargs["mask"] = (np.arange(Lk) < rng.integers(0, Lk + 1, size=(B, 1, 1, 1)))
-    elif case.mask == "empty-rows":
-        mask = rng.random((B, H, Lq, Lk)) < 0.5
-        mask[:, :, ::3, :] = False  # every third query sees nothing
-        kwargs["mask"] = mask
-    if case.key_lengths == "random":
-        kwargs["key_lengths"] = rng.integers(1, Lk + 1, size=B) if Lk else np.zeros(B, int)
-    elif case.key_lengths == "with-zero":
-        lengths = rng.integers(0, Lk + 1, size=B)
-        lengths[0] = 0
-        kwargs["key_lengths"] = lengths
-    if case.dropout_p:
-        kwargs["dropout_p"] = case.dropout_p
-        kwargs["seed"] = 1234 + seed
-    return q, k, v, kwargs
+#: A differential test's problem: sizes and masking options (the package's own spec, so the
+#: tests, the agreement table, the sweeps and the bench draw inputs from one generator).
+Case = ProblemSpec
 
 
 def oracle(q, k, v, **kwargs):

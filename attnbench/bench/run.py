@@ -73,6 +73,13 @@ from attnbench.measure.machine import (
     summary_lines,
 )
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
+from attnbench.measure.problems import (
+    SETTLE_SECONDS,
+    ProblemSpec,
+    limit_threads,
+    load_average,
+    make_inputs,
+)
 from attnbench.measure.timing import Timing, measure, peak_extra_memory
 
 __all__ = ["COLUMNS", "QUICK", "TARGET_COLUMNS", "BenchConfig", "command", "run_bench",
@@ -83,11 +90,6 @@ IMPLS = ("numba", "torch", "numpy")
 #: The numba kernel's tile GEMMs alone (:mod:`attnbench.bench.gemm_floor`), timed beside it on
 #: non-causal shapes: the floor under its time.
 FLOOR = "gemm floor"
-#: Seed of the inputs of every shape.
-SEED = 0
-#: Pause (s) after each call of an implementation in a round: the BLAS's and OpenMP's
-#: worker threads spin for ~0.1 s after a call, which would slow whatever runs next.
-SETTLE_SECONDS = 0.15
 #: Columns of the bench table, in order (then the machine columns).
 COLUMNS = (
     "section", "impl", "variant", "B", "H", "L", "D", "causal", "dtype", "threads", "status",
@@ -186,9 +188,9 @@ def _timing_columns(timing: Timing) -> dict:
 
 
 def _inputs(B: int, H: int, L: int, D: int, dtype) -> tuple[np.ndarray, ...]:
-    rng = np.random.default_rng([SEED, B, H, L, D])
-    return tuple(rng.standard_normal((B, H, L, D), dtype=np.float32).astype(dtype, copy=False)
-                 for _ in range(3))
+    """``q, k, v`` of shape (B, H, L, D), from the one input generator."""
+    q, k, v, _ = make_inputs(ProblemSpec(B=B, H=H, Lq=L, D=D), dtype)
+    return q, k, v
 
 
 def _numba_call(q, k, v, kwargs: dict) -> Callable[[], np.ndarray]:
@@ -234,17 +236,12 @@ def _errors(outputs: dict[str, np.ndarray], q, k, v, kwargs: dict, rows: int) ->
             for name, out in outputs.items()}
 
 
-def _load_average() -> float:
-    """The 1-minute load average when a row is made: other processes skew the timings."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-
-
 def _row(section: str, impl: str, *, B, H, L, D, causal, dtype, threads, status="ok",
          variant="", **values) -> dict:
     row = dict.fromkeys(COLUMNS, np.nan)
     row.update(section=section, impl=impl, variant=variant, B=B, H=H, L=L, D=D,
                causal=bool(causal), dtype=np.dtype(dtype).name, threads=threads,
-               status=status, load_1m=_load_average())
+               status=status, load_1m=load_average())
     row.update(values)
     return row
 
@@ -483,13 +480,12 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
     """
     import numba
 
-    from attnbench.sweep.runner import limit_threads  # Numba, torch, every BLAS and OpenMP pool
 
     if "torch" in config.peers:
         peers.peer_status("torch")  # import torch before Numba's threads start: see below
     threads = config.threads or numba.get_num_threads()
     started = time.perf_counter()
-    load_before = _load_average()
+    load_before = load_average()
     rows: list[dict] = []
     with limit_threads(threads, torch="torch" in config.peers):
         progress(f"GEMM peak (numpy matmul, {threads} threads) ...")
@@ -543,7 +539,7 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
     meta = {"config": asdict(config), "threads": threads,
             "gemm_peak_gflops": {"before": before, "after": after, "used": used},
             "machine": record, "seconds": time.perf_counter() - started,
-            "load_average": [load_before, _load_average()]}
+            "load_average": [load_before, load_average()]}
     return table, meta
 
 

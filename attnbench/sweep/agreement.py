@@ -17,102 +17,54 @@ CUDA simulator runs every GPU thread in Python, far too slowly for these shapes.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 import kernels
+from attnbench.measure import problems
 from attnbench.measure.flops import flops_of_problem, gflops
-from attnbench.measure.machine import machine_columns
+from attnbench.measure.machine import (
+    gemm_peak_gflops,
+    machine_columns,
+    machine_record,
+    summary_lines,
+)
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
+from attnbench.measure.problems import SETTLE_SECONDS, ProblemSpec, load_average, make_inputs
 from attnbench.measure.timing import measure
 from kernels import available_backends, cuda_status, has_real_gpu
 
-__all__ = ["GRIDS", "MASK_KINDS", "Shape", "agreement_table", "make_inputs", "select_backends"]
+__all__ = ["GRIDS", "MASK_KINDS", "agreement_table", "run_agreement", "select_backends"]
 
-#: Seed of every random input; case i of the grid uses ``default_rng([SEED, i, mask])``.
-SEED = 0
-#: Probability that an entry of the random bool mask is True (visible).
-BOOL_MASK_DENSITY = 0.7
-#: Dropout probability of the "dropout" mask kind.
-DROPOUT_P = 0.1
-#: Pause (s) before timing each backend: OpenBLAS's workers spin 50-100 ms after a call.
-SETTLE_SECONDS = 0.2
+#: The mask kinds every case is crossed with: all of them (see measure.problems).
+MASK_KINDS = problems.MASK_KINDS
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The sizes of one attention problem of the grid."""
+def _shape(name: str, **sizes) -> ProblemSpec:
+    """A case of the grid: B=2 (so random key lengths differ between batches), H=4."""
+    return ProblemSpec(name, **{"B": 2, "H": 4, **sizes})
 
-    name: str
-    B: int = 2  # batch; 2, so random key lengths differ between batches
-    H: int = 4  # query heads
-    Hkv: int | None = None  # key/value heads (None: H); H // Hkv queries share one
-    Lq: int = 97  # queries
-    Lk: int | None = None  # keys (None: Lq)
-    D: int = 64  # head size of q and k
-    Dv: int | None = None  # head size of v (None: D)
-
-    def sizes(self) -> dict:
-        """``B, H, Hkv, Lq, Lk, D, Dv`` with the defaults filled in."""
-        return {
-            "B": self.B, "H": self.H, "Hkv": self.Hkv or self.H, "Lq": self.Lq,
-            "Lk": self.Lq if self.Lk is None else self.Lk, "D": self.D, "Dv": self.Dv or self.D,
-        }
-
-
-#: Mask kinds, each applied alone: what is passed to kernels.attention.
-MASK_KINDS = (
-    "none",  # full attention
-    "causal",  # causal=True: query i sees keys j <= i
-    "bottom-right",  # causal="bottom-right": query i sees keys j <= i + Lk - Lq
-    "bool",  # a random (B, H, Lq, Lk) bool mask, BOOL_MASK_DENSITY visible
-    "key_lengths",  # random key lengths in [1, Lk] per batch
-    "dropout",  # dropout_p=DROPOUT_P with a fixed seed (no mask)
-)
 
 #: Named grids of shapes; every shape is crossed with every mask kind and dtype.
 GRIDS = {
     "default": (
-        Shape("L97", H=4, Lq=97, D=64),
-        Shape("L113 D59", H=2, Lq=113, D=59),
-        Shape("Lq<Lk", H=4, Lq=64, Lk=113, D=64),
-        Shape("Lq>Lk Dv48", H=4, Lq=113, Lk=64, D=64, Dv=48),
-        Shape("GQA 8/2", H=8, Hkv=2, Lq=128, D=64),
+        _shape("L97", Lq=97, D=64),
+        _shape("L113 D59", H=2, Lq=113, D=59),
+        _shape("Lq<Lk", Lq=64, Lk=113, D=64),
+        _shape("Lq>Lk Dv48", Lq=113, Lk=64, D=64, Dv=48),
+        _shape("GQA 8/2", H=8, Hkv=2, Lq=128, D=64),
     ),
     # One small shape with everything odd: for tests and a smoke check (~seconds).
-    "tiny": (Shape("tiny GQA 2/1", H=2, Hkv=1, Lq=13, Lk=17, D=8, Dv=5),),
+    "tiny": (_shape("tiny GQA 2/1", H=2, Hkv=1, Lq=13, Lk=17, D=8, Dv=5),),
 }
 
 DTYPES = (np.float32, np.float64)
-
-
-def make_inputs(shape: Shape, mask_kind: str, dtype, rng: np.random.Generator):
-    """Random ``q, k, v`` of ``shape`` in ``dtype`` and the keyword arguments of ``mask_kind``.
-
-    Values are drawn in float64 and rounded, so both dtypes see the same problem.
-    """
-    s = shape.sizes()
-    q = rng.standard_normal((s["B"], s["H"], s["Lq"], s["D"])).astype(dtype)  # (B, H, Lq, D)
-    k = rng.standard_normal((s["B"], s["Hkv"], s["Lk"], s["D"])).astype(dtype)  # (B, Hkv, Lk, D)
-    v = rng.standard_normal((s["B"], s["Hkv"], s["Lk"], s["Dv"])).astype(dtype)  # (..., Dv)
-    if mask_kind == "none":
-        kwargs = {}
-    elif mask_kind == "causal":
-        kwargs = {"causal": True}
-    elif mask_kind == "bottom-right":
-        kwargs = {"causal": "bottom-right"}
-    elif mask_kind == "bool":
-        kwargs = {"mask": rng.random((s["B"], s["H"], s["Lq"], s["Lk"])) < BOOL_MASK_DENSITY}
-    elif mask_kind == "key_lengths":
-        kwargs = {"key_lengths": rng.integers(1, s["Lk"] + 1, size=s["B"])}
-    elif mask_kind == "dropout":
-        kwargs = {"dropout_p": DROPOUT_P, "seed": int(rng.integers(2**32))}
-    else:
-        raise ValueError(f"mask kind {mask_kind!r} is unknown; expected one of {MASK_KINDS}")
-    return q, k, v, kwargs
 
 
 def select_backends(requested=None) -> list[str]:
@@ -164,12 +116,14 @@ def _build_cases(grid: str, dtypes) -> list[_Case]:
     for case_index, shape in enumerate(GRIDS[grid]):
         for mask_index, mask_kind in enumerate(MASK_KINDS):
             for dtype in map(np.dtype, dtypes):
-                rng = np.random.default_rng([SEED, case_index, mask_index])
-                q, k, v, kwargs = make_inputs(shape, mask_kind, dtype, rng)
+                spec = shape.with_mask_kind(mask_kind)
+                q, k, v, kwargs = make_inputs(spec, dtype, seed=case_index * 100 + mask_index)
                 problem = kernels.prepare(q, k, v, **kwargs)
                 exact, plain = oracle(problem)  # (B, H, Lq, Dv) each
+                sizes = dict(zip(("B", "H", "Hkv", "Lq", "Lk", "D", "Dv"), shape.sizes,
+                                 strict=True))
                 cases.append(_Case(
-                    columns={"case": shape.name, **shape.sizes(), "mask": mask_kind,
+                    columns={"case": shape.name, **sizes, "mask": mask_kind,
                              "dtype": dtype.name},
                     q=q, k=k, v=v, kwargs=kwargs, exact=exact,
                     baseline=max_abs_error(plain, exact),
@@ -271,3 +225,82 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
         for column, value in machine_columns().items():
             table[column] = value
     return table
+
+
+#: Columns of the console table, with their headers.
+DISPLAY_COLUMNS = {
+    "case": "case", "B": "B", "H": "H", "Hkv": "Hkv", "Lq": "Lq", "Lk": "Lk", "D": "D",
+    "Dv": "Dv", "mask": "mask", "dtype": "dtype", "backend": "backend",
+    "max_abs_err": "max|err|", "tolerance": "tol", "ok": "agree",
+    "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
+    "pct_of_gemm_peak": "% GEMM",
+}
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The agreement table as readable fixed-width text."""
+    shown = table[[column for column in DISPLAY_COLUMNS if column in table]].copy()
+    shown["ok"] = shown["ok"].map({True: "yes", False: "NO"})
+    formatters = {
+        "max_abs_err": "{:.2e}".format, "tolerance": "{:.2e}".format,
+        "median_ms": "{:.3f}".format, "iqr_ms": "{:.3f}".format,
+        "gflops": "{:.2f}".format, "pct_of_gemm_peak": "{:.1f}".format,
+    }
+    shown = shown.rename(columns=DISPLAY_COLUMNS)
+    formatters = {DISPLAY_COLUMNS[key]: value for key, value in formatters.items()}
+    return shown.to_string(index=False, formatters=formatters)
+
+
+def run_agreement(out: Path, *, grid: str = "default", backends=None,
+                  max_time: float = 0.05) -> tuple[int, dict, float]:
+    """``attnbench run``'s first step: the machine record, the GEMM peaks and the table.
+
+    Prints the machine summary and the table, writes ``out/agreement.csv`` and
+    ``out/machine.json``.
+
+    Returns
+    -------
+    status : int
+        0 if every backend agrees everywhere, 1 if not, 2 if ``backends`` cannot run here.
+    gemm_peaks : dict
+        ``{"float32": GFLOP/s, "float64": GFLOP/s}`` measured here.
+    started : float
+        ``time.perf_counter()`` at the start.
+    """
+    start = time.perf_counter()
+    load_1m = load_average()
+    try:
+        backends = select_backends(backends)
+    except ValueError as exc:
+        print(f"attnbench run: error: {exc}", file=sys.stderr)
+        return 2, {}, start
+    record = machine_record()
+    peaks = {np.dtype(dtype).name: gemm_peak_gflops(dtype) for dtype in (np.float32, np.float64)}
+    lines = summary_lines(record)
+    lines.append("GEMM peak  " + ", ".join(f"{name} {peak:.1f} GFLOP/s (numpy matmul, n=1024)"
+                                             for name, peak in peaks.items()))
+    busy = load_1m > 0.5 * (record["usable_cores"] or 1)
+    lines.append(f"Load       {load_1m:.2f} (1-min average before the run)" + (
+        ": the machine was busy, timings may be noisy" if busy else ""))
+    print("\n".join(lines))
+    n_shapes = len(GRIDS[grid])
+    print(f"\nGrid '{grid}': {n_shapes} shape{'s' * (n_shapes != 1)} x "
+          f"{len(MASK_KINDS)} mask kinds x 2 dtypes, backends {', '.join(backends)}\n",
+          flush=True)
+
+    table = agreement_table(grid, backends=backends, max_time=max_time, gemm_peaks=peaks)
+    print(format_table(table))
+    failed = table[~table["ok"]]
+    for row in failed[failed["error"] != ""].itertuples():
+        print(f"\n{row.backend} on {row.case} / {row.mask} / {row.dtype} raised: {row.error}")
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "agreement.csv"
+    table.to_csv(csv_path, index=False)
+    elapsed = time.perf_counter() - start
+    machine_path = out / "machine.json"
+    machine_path.write_text(json.dumps(
+        {**record, "gemm_peak_gflops": peaks, "load_average_1m": load_1m,
+         "run_seconds": elapsed}, indent=2) + "\n")
+    print(f"\n{len(table) - len(failed)}/{len(table)} rows agree with the reference. "
+          f"Wrote {csv_path} and {machine_path} in {elapsed:.1f} s.")
+    return (0 if failed.empty else 1), peaks, start

@@ -74,7 +74,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.measure.machine import gemm_peak_gflops, machine_columns, machine_record
+from attnbench.measure.problems import limit_threads
 from attnbench.sweep.grid import Point
+from attnbench.sweep.journal import MACHINE_FIELD
 
 __all__ = ["TIMING_RESOURCE", "ClusterSpec", "DaskExecutor", "host_timing_lock",
            "parse_cluster"]
@@ -169,10 +172,6 @@ def _worker_address() -> str:
 def time_task(runner, token: str, point: Point, *, threads, memory_budget,
               measure_peaks: bool, lock_path=LOCK_PATH):
     """Phase 1 of a point, on a worker holding its host's timing slot: ``(row, output)``."""
-    from attnbench.measure.machine import gemm_peak_gflops, machine_columns, machine_record
-    from attnbench.sweep.journal import MACHINE_FIELD
-    from attnbench.sweep.runner import limit_threads
-
     worker_runner = _worker_runner(runner, token, memory_budget)
     with host_timing_lock(lock_path) as waited, limit_threads(threads):
         if measure_peaks and point.dtype not in worker_runner.gemm_peaks:
@@ -188,8 +187,6 @@ def time_task(runner, token: str, point: Point, *, threads, memory_budget,
 
 def check_task(runner, token: str, point: Point, timed, *, threads, memory_budget):
     """Phase 2 of a point, on any worker: the finished row."""
-    from attnbench.sweep.runner import limit_threads
-
     row, out = timed
     worker_runner = _worker_runner(runner, token, memory_budget)
     with limit_threads(threads):

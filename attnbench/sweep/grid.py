@@ -39,13 +39,10 @@ __all__ = ["BACKENDS", "DEFAULTS", "DTYPES", "GRIDS", "MASK_KINDS", "Grid", "Poi
 #: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).
 BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 
-#: Mask kinds of a sweep point (all self-attention, Lq = Lk = L).
-MASK_KINDS = (
-    "none",  # full attention
-    "causal",  # causal=True: query i sees keys j <= i
-    "padding",  # key_lengths = L - L // 4 in every batch: the last quarter of the keys is padding
-    "bool",  # a random (B, 1, L, L) bool mask with 70% of the pairs visible
-)
+#: Mask kinds a sweep point may have (all self-attention, Lq = Lk = L): those of
+#: :data:`attnbench.measure.problems.MASK_KINDS` that every peer can express and that
+#: differ when Lq = Lk.
+MASK_KINDS = ("none", "causal", "padding", "bool")
 
 DTYPES = ("float32", "float64")
 

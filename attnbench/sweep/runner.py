@@ -31,10 +31,8 @@ memory, the error and tolerance, status and reason, and the machine columns.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import os
 import sys
 import time
 from collections import OrderedDict
@@ -45,21 +43,21 @@ import numpy as np
 import pandas as pd
 
 import kernels
-from attnbench.measure import peers
+from attnbench.measure import peers, problems
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
+from attnbench.measure.problems import (
+    SETTLE_SECONDS,
+    ProblemSpec,
+    limit_threads,
+    load_average,
+)
 from attnbench.measure.timing import measure, peak_extra_memory
 from attnbench.sweep.grid import MASK_KINDS, Point
 
 __all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
 
-#: Seed of every input: a problem's arrays come from default_rng([SEED, *its sizes]).
-SEED = 0
-#: Fraction of visible pairs of the "bool" mask kind.
-BOOL_MASK_DENSITY = 0.7
-#: Pause (s) before the first point of each backend: other libraries' threads go idle.
-SETTLE_SECONDS = 0.2
 #: Bytes the reference (and the oracle) needs per score entry B·H·Lq·Lk, in float64:
 #: scores, the visibility mask, the masked scores, exp and the weights (measured with
 #: tracemalloc: 34 B at L = 2048, 46 B at L = 128 where the linear terms still count).
@@ -96,24 +94,14 @@ def serial_executor(points: Sequence[Point], run_point: RunPoint) -> Iterator[Ro
 
 
 def make_inputs(point: Point):
-    """``q, k, v`` (B, H|Hkv, L, d_k) and the masking keyword arguments of ``point``."""
-    rng = np.random.default_rng([SEED, point.L, point.d_k, point.heads, point.kv_heads,
-                                 point.batch, MASK_KINDS.index(point.mask)])
-    B, H, Hkv, L, D = point.batch, point.heads, point.kv_heads, point.L, point.d_k
-    q = rng.standard_normal((B, H, L, D)).astype(point.dtype)  # (B, H, L, D)
-    k = rng.standard_normal((B, Hkv, L, D)).astype(point.dtype)  # (B, Hkv, L, D)
-    v = rng.standard_normal((B, Hkv, L, D)).astype(point.dtype)  # (B, Hkv, L, D)
-    if point.mask == "none":
-        kwargs = {}
-    elif point.mask == "causal":
-        kwargs = {"causal": True}
-    elif point.mask == "padding":
-        kwargs = {"key_lengths": np.full(B, L - L // 4, dtype=np.int64)}
-    elif point.mask == "bool":
-        kwargs = {"mask": rng.random((B, 1, L, L)) < BOOL_MASK_DENSITY}  # (B, 1, L, L)
-    else:
-        raise ValueError(f"mask kind {point.mask!r} is unknown; expected one of {MASK_KINDS}")
-    return q, k, v, kwargs
+    """``q, k, v`` (B, H|Hkv, L, d_k) and the masking keyword arguments of ``point``.
+
+    Drawn by :func:`attnbench.measure.problems.make_inputs`: points that differ only in
+    their backend get the same inputs.
+    """
+    spec = ProblemSpec(B=point.batch, H=point.heads, Hkv=point.kv_heads, Lq=point.L,
+                       D=point.d_k).with_mask_kind(point.mask)
+    return problems.make_inputs(spec, point.dtype, seed=MASK_KINDS.index(point.mask))
 
 
 def _size(n_bytes: float) -> str:
@@ -417,7 +405,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     SweepResult
     """
     started = time.perf_counter()
-    load_start = _load_average()
+    load_start = load_average()
     rows, interrupted = [], False
     with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
         if gemm_peaks is None:
@@ -450,45 +438,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
             table[column] = table[column].fillna(value) if column in table else value
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
-                       n_points=len(points), load_average=(load_start, _load_average()))
-
-
-@contextlib.contextmanager
-def limit_threads(threads: int | None, *, torch: bool = False):
-    """At most ``threads`` threads in Numba (this thread's launches), the BLAS and OpenMP
-    pools and, with ``torch=True`` and torch installed, torch; restored on exit."""
-    if threads is None:
-        yield
-        return
-    import numba
-    from threadpoolctl import threadpool_limits
-
-    if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
-        raise ValueError(f"threads must lie in [1, {numba.config.NUMBA_NUM_THREADS}] (Numba's "
-                         f"NUMBA_NUM_THREADS); got {threads}")
-    numba_before = numba.get_num_threads()
-    torch_module = None
-    if torch and peers.peer_status("torch")[0]:
-        import torch as torch_module
-
-        torch_before = torch_module.get_num_threads()
-        torch_module.set_num_threads(threads)
-    numba.set_num_threads(threads)
-    try:
-        with threadpool_limits(limits=threads):
-            yield
-    finally:
-        numba.set_num_threads(numba_before)
-        if torch_module is not None:
-            torch_module.set_num_threads(torch_before)
-
-
-def _load_average() -> float:
-    """The 1-minute load average (nan where the OS has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return float("nan")
+                       n_points=len(points), load_average=(load_start, load_average()))
 
 
 def _postfix(row: Row) -> str:
