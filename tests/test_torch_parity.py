@@ -52,3 +52,31 @@ def test_matches_torch_sdpa(case, dtype, backend):
     (exact, _), (plain, _) = oracle(q, k, v, mask=mask, causal=is_causal, scale=scale)
     tol = tolerance(exact, plain, dtype)
     assert np.abs(ours - theirs).max() <= 2 * tol
+
+
+# --- the torch peer adapter (attnbench.measure.peers) ----------------------------------------
+
+from attnbench.measure import peers  # noqa: E402
+from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: E402
+
+from .test_peers import ADAPTER_CASES, _visible_rows_only  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("spec", [spec for _, spec in ADAPTER_CASES],
+                         ids=[name for name, _ in ADAPTER_CASES])
+def test_torch_peer_solves_the_same_problem(spec, dtype):
+    q, k, v, kwargs = make_inputs(spec, dtype, seed=3)
+    expected = kernels.attention(q, k, v, backend="reference", **kwargs)
+    got = peers.make_call("torch", q, k, v, kwargs)()
+    rows = _visible_rows_only(q, k, v, kwargs)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[rows], expected[rows], atol=tol, rtol=tol)
+
+
+def test_torch_adapter_keeps_sdpas_fast_path_for_top_left_causal():
+    q, k, v, _ = make_inputs(ProblemSpec(Lq=6, D=4), np.float32)
+    _, _, _, sdpa = peers.torch_sdpa_arguments(q, k, v, {"causal": True})
+    assert sdpa["is_causal"] and sdpa["attn_mask"] is None
+    _, _, _, sdpa = peers.torch_sdpa_arguments(q, k, v, {"causal": "bottom-right"})
+    assert sdpa["is_causal"]  # Lq = Lk: bottom-right is top-left

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnbench.measure.peers import torch_sdpa_arguments
 from attnbench.measure.timing import Timing, _batch_sizes, measure
 
 __all__ = ["FP32_LANES_PER_SM", "GpuTiming", "Peak", "backend_status", "device_label",
@@ -448,30 +449,20 @@ def _torch_device() -> str:
 
 def _torch_parts(q, k, v, kwargs):
     """(upload, launch, download, device bytes) for PyTorch's SDPA on the GPU."""
-    import torch
+    import torch  # optional peer
     from torch.nn.functional import scaled_dot_product_attention
 
-    device = torch.device("cuda")
+    qt, kt, vt, sdpa_kwargs = torch_sdpa_arguments(q, k, v, kwargs, device="cuda")
     hosts = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)]
-    qt, kt, vt = (x.to(device) for x in hosts)
 
     def upload():  # into the tensors already allocated: the copies alone
         for host, on_device in zip(hosts, (qt, kt, vt), strict=True):
             on_device.copy_(host)
-    attn_mask = None
-    if kwargs.get("mask") is not None:
-        attn_mask = torch.from_numpy(np.ascontiguousarray(kwargs["mask"])).to(device)
-    if kwargs.get("key_lengths") is not None:
-        visible = np.arange(k.shape[2]) < np.asarray(kwargs["key_lengths"])[:, None, None, None]
-        attn_mask = torch.from_numpy(visible).to(device)  # (B, 1, 1, Lk)
-    gqa = q.shape[1] != k.shape[1]
-    causal = bool(kwargs.get("causal", False))
     result = {}
 
     def launch():
         with torch.no_grad():
-            result["out"] = scaled_dot_product_attention(
-                qt, kt, vt, attn_mask=attn_mask, is_causal=causal, enable_gqa=gqa)
+            result["out"] = scaled_dot_product_attention(qt, kt, vt, **sdpa_kwargs)
 
     launch()
     torch.cuda.synchronize()
@@ -482,6 +473,6 @@ def _torch_parts(q, k, v, kwargs):
         return result["out"].cpu().numpy()
 
     device_bytes = sum(x.numel() * x.element_size() for x in (qt, kt, vt, result["out"]))
-    if attn_mask is not None:
-        device_bytes += attn_mask.numel() * attn_mask.element_size()
+    if sdpa_kwargs["attn_mask"] is not None:
+        device_bytes += sdpa_kwargs["attn_mask"].numel() * sdpa_kwargs["attn_mask"].element_size()
     return upload, launch, download, device_bytes
