@@ -54,11 +54,39 @@ def test_unknown_architecture_or_missing_clock_has_no_theoretical_peak():
     assert np.isnan(cuda_timing.theoretical_fp32_gflops(10, (9, 0), 0))
 
 
+
+# --- the FMA kernel, run once and computed with NumPy (test helpers) --------------------------
+
+def fma_reference(n_threads: int, iterations: int, a: float, b: float, dtype) -> np.ndarray:
+    """What the FMA kernel writes, computed with NumPy (rounding aside)."""
+    dtype = np.dtype(dtype)
+    step = dtype.type(1.0 / 1024)
+    x0 = (np.arange(n_threads) % 64).astype(dtype) * step
+    chains = [x0 + c * step for c in range(cuda_timing.FMA_CHAINS)]
+    for _ in range(iterations):
+        chains = [x * dtype.type(a) + dtype.type(b) for x in chains]
+    return ((chains[0] + chains[1]) + (chains[2] + chains[3])) + (
+        (chains[4] + chains[5]) + (chains[6] + chains[7]))
+
+
+def run_fma_kernel(dtype, *, blocks: int, threads: int, iterations: int,
+                   a: float = 0.999, b: float = 0.001) -> np.ndarray:
+    """Run the FMA kernel once and return its output (one value per thread)."""
+    from numba import cuda
+
+    from attnbench.measure._cuda_kernels import fma_kernel
+
+    dtype = np.dtype(dtype)
+    out = cuda.device_array(blocks * threads, dtype=dtype)
+    fma_kernel(dtype)[blocks, threads](out, np.int64(iterations), dtype.type(a), dtype.type(b))
+    return out.copy_to_host()
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_fma_kernel_computes_its_chains(dtype):
-    out = cuda_timing.run_fma_kernel(dtype, blocks=2, threads=5, iterations=7)
-    expected = cuda_timing.fma_reference(10, 7, 0.999, 0.001, dtype)
+    out = run_fma_kernel(dtype, blocks=2, threads=5, iterations=7)
+    expected = fma_reference(10, 7, 0.999, 0.001, dtype)
     assert out.dtype == dtype and out.shape == (10,)
     np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-14)
     assert len(set(out.tolist())) == 10  # every thread wrote its own value

@@ -189,31 +189,6 @@ def device_peak_gflops(dtype: str) -> Peak:
     return Peak(measured, f"measured: FMA kernel, {np.dtype(dtype).name}")
 
 
-def fma_reference(n_threads: int, iterations: int, a: float, b: float, dtype) -> np.ndarray:
-    """What the FMA kernel writes, computed with NumPy (rounding aside): for the tests."""
-    dtype = np.dtype(dtype)
-    step = dtype.type(1.0 / 1024)
-    x0 = (np.arange(n_threads) % 64).astype(dtype) * step
-    chains = [x0 + c * step for c in range(FMA_CHAINS)]
-    for _ in range(iterations):
-        chains = [x * dtype.type(a) + dtype.type(b) for x in chains]
-    return ((chains[0] + chains[1]) + (chains[2] + chains[3])) + (
-        (chains[4] + chains[5]) + (chains[6] + chains[7]))
-
-
-def run_fma_kernel(dtype, *, blocks: int, threads: int, iterations: int,
-                   a: float = 0.999, b: float = 0.001) -> np.ndarray:
-    """Run the FMA kernel once and return its output (one value per thread)."""
-    from numba import cuda
-
-    from attnbench.measure._cuda_kernels import fma_kernel
-
-    dtype = np.dtype(dtype)
-    out = cuda.device_array(blocks * threads, dtype=dtype)
-    fma_kernel(dtype)[blocks, threads](out, np.int64(iterations), dtype.type(a), dtype.type(b))
-    return out.copy_to_host()
-
-
 @functools.cache
 def fma_peak_gflops(dtype, *, iterations: int = 4096, repeat: int = 5) -> float:
     """Measured FMA throughput of the device in ``dtype``, GFLOP/s (nan in the simulator).
