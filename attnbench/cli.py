@@ -12,6 +12,14 @@ import sys
 from pathlib import Path
 
 from attnbench import __version__
+from attnbench.bench import run as bench_run
+from attnbench.claims import ledger
+from attnbench.job import run_command, sweep_command
+from attnbench.report import build as report_build
+from attnbench.studies import params
+from attnbench.sweep.cluster import parse_cluster
+from attnbench.sweep.grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
+from attnbench.sweep.runner import ORACLE_LIMIT
 
 
 def _add_run(subparsers) -> None:
@@ -67,8 +75,6 @@ def _add_run(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from attnbench.job import run_command
-
     return run_command(args)
 
 
@@ -83,9 +89,6 @@ def _positive_int(text: str) -> int:
 
 
 def _add_sweep(subparsers) -> None:
-    from attnbench.sweep.grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
-    from attnbench.sweep.runner import ORACLE_LIMIT
-
     parser = subparsers.add_parser(
         "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks",
         description=(
@@ -165,8 +168,6 @@ def _add_sweep(subparsers) -> None:
 
 
 def _cluster_spec(text: str):
-    from attnbench.sweep.cluster import parse_cluster
-
     try:
         return parse_cluster(text)
     except ValueError as exc:
@@ -174,8 +175,6 @@ def _cluster_spec(text: str):
 
 
 def _sweep(args) -> int:
-    from attnbench.job import sweep_command
-
     return sweep_command(args)
 
 
@@ -198,9 +197,7 @@ def _add_report(subparsers) -> None:
 
 
 def _report(args) -> int:
-    from attnbench.report.build import command
-
-    return command(args)
+    return report_build.command(args)
 
 
 def _add_verify(subparsers) -> None:
@@ -226,9 +223,7 @@ def _add_verify(subparsers) -> None:
 
 
 def _verify(args) -> int:
-    from attnbench.claims.ledger import command
-
-    return command(args)
+    return ledger.command(args)
 
 
 def _add_params(subparsers) -> None:
@@ -273,9 +268,7 @@ def _add_params(subparsers) -> None:
 
 
 def _params(args) -> int:
-    from attnbench.studies.params import command
-
-    return command(args)
+    return params.command(args)
 
 
 def _add_bench(subparsers) -> None:
@@ -332,9 +325,7 @@ def _add_bench(subparsers) -> None:
 
 
 def _bench(args) -> int:
-    from attnbench.bench.run import command
-
-    return command(args)
+    return bench_run.command(args)
 
 
 #: Subcommands: name -> function adding its parser.

@@ -8,10 +8,9 @@ table, :mod:`attnbench.sweep.agreement`, driven by :mod:`attnbench.cli`), then
    ``--grid tiny``), saved as ``sweep.csv`` / ``sweep.parquet`` / ``sweep.json``;
 2. the scaling fits of that sweep (:mod:`attnbench.studies.scaling`), saved as ``scaling.csv``
    and printed;
-3. the sections that are computed, not read from a table: the attention heat maps
-   and part B's studies (:data:`PART_B_MODULES`: softmax stability, parameter
-   arithmetic, the claims ledger), each module's ``section()``, saved under
-   ``sections/``;
+3. the sections that are computed, not read from a table (:data:`SECTION_PRODUCERS`):
+   the attention heat maps, softmax stability, parameter arithmetic and the claims
+   ledger, saved under ``sections/``;
 4. the HTML report, ``report.html``, built from the saved files by
    :func:`attnbench.report.build.build_report` (what ``attnbench report`` does too);
 5. ``run.json``: the duration and the exit status.
@@ -21,8 +20,6 @@ Ctrl-C during the sweep keeps the finished points (written out) and exits with 1
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 import time
@@ -31,19 +28,24 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.claims import ledger
 from attnbench.report import build as report
 from attnbench.report import html as html_report
+from attnbench.report import plots
+from attnbench.report.hosts import host_peaks, scaling_by_group
 from attnbench.report.sections import Section
+from attnbench.studies import params, stability
+from attnbench.studies.scaling import scaling_table
 from attnbench.sweep.agreement import run_agreement
+from attnbench.sweep.cluster import DaskExecutor
 from attnbench.sweep.files import save_results
 from attnbench.sweep.grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
-from attnbench.sweep.runner import points_summary, run_sweep
+from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
+from attnbench.sweep.runner import points_summary, run_sweep, serial_executor
+from kernels import has_real_gpu
 
-__all__ = ["PART_B_MODULES", "computed_sections", "run_job", "sweep_command"]
+__all__ = ["SECTION_PRODUCERS", "computed_sections", "run_command", "run_job", "sweep_command"]
 
-#: Part B's report modules: each has ``section()`` returning a Section or a list of them.
-PART_B_MODULES = ("attnbench.studies.stability", "attnbench.studies.params",
-                  "attnbench.claims.ledger")
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
 
@@ -122,10 +124,6 @@ def sweep_command(args) -> int:
     """
     import contextlib
 
-    from attnbench.studies.scaling import scaling_table
-    from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
-    from attnbench.sweep.runner import serial_executor
-
     try:
         grids = grids_from_args(args)
     except (ValueError, OSError) as exc:
@@ -153,8 +151,6 @@ def sweep_command(args) -> int:
     with contextlib.ExitStack() as stack:
         executor, gemm_peaks, threads = serial_executor, None, args.threads
         if cluster and len(done) < len(points):
-            from attnbench.sweep.cluster import DaskExecutor
-
             try:
                 executor = stack.enter_context(DaskExecutor(
                     cluster, threads=args.threads, memory_budget=memory_budget))
@@ -170,8 +166,6 @@ def sweep_command(args) -> int:
                            threads=threads, gemm_peaks=gemm_peaks,
                            executor=journaled(executor, journal, done))
     result.table = _in_point_order(result.table, points)
-    from attnbench.report.hosts import host_peaks
-
     by_host = host_peaks(result.table)
     if len(by_host) == 1 and not result.gemm_peaks:
         result.gemm_peaks = next(iter(by_host.values()))
@@ -185,8 +179,6 @@ def sweep_command(args) -> int:
         print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "
               f"{', '.join(map(str, written))} (and {journal_path}: --resume goes on).")
         return EXIT_INTERRUPTED
-    from attnbench.report.hosts import scaling_by_group
-
     fits = scaling_by_group(result.table, scaling_table)
     fits.to_csv(out / "scaling.csv", index=False)
     print()
@@ -200,8 +192,6 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
     """The rows in the order of ``points`` (executors may finish them in any order)."""
     if table.empty or "point_key" not in table:
         return table
-    from attnbench.sweep.journal import point_key
-
     order = {point_key(point): index for index, point in enumerate(points)}
     rank = table["point_key"].map(order)
     return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
@@ -210,34 +200,34 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
 # --- attnbench run ---------------------------------------------------------------------------
 
 
-#: Producers of the computed sections: ("module", "function"), each returning a Section
-#: or a list of them.  The heat maps first, then part B's modules (where installed).
-SECTION_PRODUCERS = (("attnbench.report.plots", "heatmap_section"),
-                     *((name, "section") for name in PART_B_MODULES))
+#: Producers of the computed sections, in report order: (name, function returning a
+#: Section or a list of them).  The heat maps first, then the studies and the ledger.
+SECTION_PRODUCERS = (
+    ("attention heat maps", plots.heatmap_section),
+    ("softmax stability", stability.section),
+    ("parameter arithmetic", params.section),
+    ("claims ledger", ledger.section),
+)
 
 
 def computed_sections() -> tuple[list[Section], list[str]]:
-    """The heat maps and part B's sections; ``(sections, problems)``.
+    """The heat maps, the studies' and the ledger's sections; ``(sections, problems)``.
 
-    A part B module that is not installed is only mentioned on the console; a producer
-    that raises gets a section with the traceback, and a line in ``problems``.
+    A producer that raises gets a section with the traceback, and a line in ``problems``.
     """
     sections, problems = [], []
-    for module_name, function in SECTION_PRODUCERS:
-        if importlib.util.find_spec(module_name) is None:
-            print(f"  {module_name}: not in this version, left out of the report")
-            continue
+    for name, produce in SECTION_PRODUCERS:
         started = time.perf_counter()
         try:
-            result = getattr(importlib.import_module(module_name), function)()
+            result = produce()
             new = list(result) if isinstance(result, list | tuple) else [result]
         except Exception as exc:  # one broken study must not lose the whole report
-            problems.append(f"{module_name}.{function}() raised {type(exc).__name__}: {exc}")
-            new = [Section(title=f"{module_name}.{function}() failed",
-                           text=traceback.format_exc())]
+            problems.append(f"{name} ({produce.__module__}.{produce.__name__}) raised "
+                            f"{type(exc).__name__}: {exc}")
+            new = [Section(title=f"{name} failed", text=traceback.format_exc())]
         sections += new
-        print(f"  {module_name}.{function}: {len(new)} section(s) in "
-              f"{time.perf_counter() - started:.1f} s", flush=True)
+        print(f"  {name}: {len(new)} section(s) in {time.perf_counter() - started:.1f} s",
+              flush=True)
     return sections, problems
 
 
@@ -270,8 +260,6 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
     sweep_max_time : float
         Timing budget per sweep point (s).
     """
-    from attnbench.studies.scaling import scaling_table
-    from kernels import has_real_gpu
 
     out = Path(args.out)
     grid_name = "tiny" if args.grid == "tiny" else "quick"
