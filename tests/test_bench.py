@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.bench import run as bench
+from attnbench.bench import config as bench_config
+from attnbench.bench import run as bench_run
 from attnbench.cli import main
 from attnbench.measure import peers
 
@@ -34,7 +35,7 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     assert markdown.startswith("`attnbench bench --L 64 128 ")  # the command that reran it
     assert "| 64 | yes |" in markdown and "| numba / numpy |" in markdown
     table = pd.read_csv(out / "bench.csv")
-    for column in (*bench.COLUMNS, "cpu_model", "numba_threads", "blas", "gemm_peak_gflops"):
+    for column in (*bench_config.COLUMNS, "cpu_model", "numba_threads", "blas", "gemm_peak_gflops"):
         assert column in table.columns
     sections = set(table["section"])
     assert sections == {"speed", "peak", "float64", "memory", "tiny", "causal", "padding",
@@ -44,8 +45,8 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     speed = table[table["section"] == "speed"]
     assert set(speed["L"]) == {64, 128} and set(speed["causal"]) == {True, False}
     # missing peers get a row too; the GEMM floor is timed on non-causal shapes only
-    assert set(speed["impl"]) == {"numba", "torch", "numpy", bench.FLOOR}
-    floor = speed[speed["impl"] == bench.FLOOR]
+    assert set(speed["impl"]) == {"numba", "torch", "numpy", bench_config.FLOOR}
+    floor = speed[speed["impl"] == bench_config.FLOOR]
     assert not floor["causal"].any() and set(floor["L"]) == {64, 128}
     assert (floor["median_ms"] > 0).all() and floor["vs_numpy"].notna().all()
     assert floor["max_abs_err"].isna().all()  # not an attention output: no error
@@ -61,15 +62,15 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     memory = table[table["section"] == "memory"].set_index("impl")
     assert np.isfinite(memory.loc["numba", ["extra_mib", "rss_extra_mib"]]).all()
     targets = pd.read_csv(out / "targets.csv")
-    assert tuple(targets.columns) == bench.TARGET_COLUMNS
+    assert tuple(targets.columns) == bench_config.TARGET_COLUMNS
     assert len(targets) >= 9
     assert targets["note"].isna().all() or not targets["note"].str.contains("quick").any()
 
 
 def test_missing_peer_is_reported_not_dropped(monkeypatch):
     monkeypatch.setattr(peers, "peer_status", lambda name: (False, f"{name} is not installed"))
-    config = bench.BenchConfig(rounds=1, error_rows=8)
-    rows = bench._compare("speed", config, B=1, H=1, L=16, D=8, causal=False,
+    config = bench_config.BenchConfig(rounds=1, error_rows=8)
+    rows = bench_run._compare("speed", config, B=1, H=1, L=16, D=8, causal=False,
                           dtype=np.float32, threads=1, peaks={"float32": 1.0})
     by_impl = {row["impl"]: row for row in rows}
     assert by_impl["numba"]["status"] == "ok"
@@ -79,10 +80,10 @@ def test_missing_peer_is_reported_not_dropped(monkeypatch):
 
 
 def test_command_line_reruns_the_config():
-    config = bench.config_from_args(bench_args(["--quick", "--L", "300", "--threads", "1"]))
-    line = bench.command_line(config)
+    config = bench_config.config_from_args(bench_args(["--quick", "--L", "300", "--threads", "1"]))
+    line = bench_config.command_line(config)
     assert line.startswith("attnbench bench --L 300 ") and "--threads 1" in line
-    again = bench.config_from_args(bench_args(line.split()[2:]))
+    again = bench_config.config_from_args(bench_args(line.split()[2:]))
     assert again == config
 
 

@@ -1,6 +1,6 @@
 """``attnbench bench``: the numba backend against its peers, side by side, in one process.
 
-This is issue 4's table.  Every comparison is made on the same inputs, in the same
+Every comparison is made on the same inputs, in the same
 process, with the same thread count, and timed in interleaved rounds: each round calls
 every implementation once (a batch of calls for short ones), so a burst of load from
 another process hits all of them alike.  A timing is the median of its rounds, with the
@@ -43,8 +43,11 @@ flatter numba.  Sections of the table (column ``section``):
 - ``startup``: a new Python process, Numba's cache warm: ``import kernels`` and the first
   call (of the parallel kernel), timed inside the process; the whole process beside it.
 
-:func:`targets_table` turns the rows into one verdict per target of the issue.
+:func:`attnbench.bench.targets.targets_table` turns the rows into one verdict per target;
+:mod:`attnbench.bench.output` prints and writes them; :mod:`attnbench.bench.config` holds
+what is measured.
 """
+
 
 from __future__ import annotations
 
@@ -55,15 +58,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 import kernels
+from attnbench.bench.config import (
+    COLUMNS,
+    FLOOR,
+    IMPLS,
+    BenchConfig,
+    command_line,
+    config_from_args,
+)
 from attnbench.bench.gemm_floor import measurable as floor_measurable
 from attnbench.bench.gemm_floor import tile_gemms_call
+from attnbench.bench.output import format_table, format_targets, write_results
+from attnbench.bench.targets import targets_table
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import (
@@ -81,60 +94,6 @@ from attnbench.measure.problems import (
     make_inputs,
 )
 from attnbench.measure.timing import Timing, measure, peak_extra_memory
-
-__all__ = ["COLUMNS", "QUICK", "TARGET_COLUMNS", "BenchConfig", "command", "run_bench",
-           "targets_table"]
-
-#: Implementations compared, in table order.
-IMPLS = ("numba", "torch", "numpy")
-#: The numba kernel's tile GEMMs alone (:mod:`attnbench.bench.gemm_floor`), timed beside it on
-#: non-causal shapes: the floor under its time.
-FLOOR = "gemm floor"
-#: Columns of the bench table, in order (then the machine columns).
-COLUMNS = (
-    "section", "impl", "variant", "B", "H", "L", "D", "causal", "dtype", "threads", "status",
-    "median_ms", "q25_ms", "q75_ms", "iqr_ms", "runs", "number", "gflops", "pct_of_gemm_peak",
-    "vs_torch", "vs_numpy", "max_abs_err", "tolerance", "within_tolerance", "extra_mib",
-    "rss_extra_mib", "load_1m",
-)
-#: Columns of the targets table.
-TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What ``attnbench bench`` measures (the defaults are issue 4's table)."""
-
-    lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)  # L of the speed section
-    head_size: int = 64  # D of the speed section
-    peak_head_sizes: tuple[int, ...] = (64, 128)  # D whose GEMM-peak fraction is checked
-    peak_min_length: int = 2048  # ... at every L >= this (non-causal)
-    heads: int = 12  # H of every section but tiny
-    batch: int = 1  # B of every section
-    causal: tuple[bool, ...] = (False, True)  # mask kinds of the speed section
-    float64_lengths: tuple[int, ...] = (1024,)  # L of the float64 section (no target)
-    rounds: int = 5  # interleaved timing rounds per shape
-    min_time: float = 0.02  # shortest batch of calls (s): short calls are batched
-    threads: int | None = None  # Numba, torch and BLAS threads; None: Numba's default
-    memory_length: int = 16384  # L of the memory section
-    tiny_length: int = 64  # L of the tiny-call section (H = 1)
-    padding_length: int = 4096  # L of the padding section
-    parallel_length: int = 4096  # L of the parallel-efficiency section
-    startup_runs: int = 3  # fresh processes timed (after one that warms the cache)
-    error_rows: int = 256  # queries of head 0 compared with the oracle
-    numpy_max_gb: float = 6.0  # skip the numpy peer when its L x L arrays need more
-    peers: tuple[str, ...] = ("torch", "numpy")  # peers compared with numba
-    quick: bool = False  # a quick run (smaller shapes): targets are not the issue's
-
-    def speed_lengths(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.lengths)))
-
-
-#: ``--quick``: the same checks on shapes that take ~1 minute on 2 cores.
-QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_lengths=(512,),
-                    rounds=3, memory_length=2048, padding_length=1024, parallel_length=1024,
-                    startup_runs=1, quick=True)
-
 
 # --- timing ---------------------------------------------------------------------------------
 
@@ -458,8 +417,8 @@ def _gemm_peaks() -> dict[str, float]:
     return {np.dtype(t).name: gemm_peak_gflops(t) for t in (np.float32, np.float64)}
 
 
-def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], None] = print
-              ) -> tuple[pd.DataFrame, dict]:
+def run_bench(config: BenchConfig | None = None, *,
+              progress: Callable[[str], None] = print) -> tuple[pd.DataFrame, dict]:
     """Run every section of the bench; returns ``(table, meta)``.
 
     Parameters
@@ -478,6 +437,7 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
         ``machine`` (:func:`attnbench.measure.machine.machine_record`), ``seconds``,
         ``load_average``.
     """
+    config = BenchConfig() if config is None else config
     import numba
 
 
@@ -543,316 +503,6 @@ def run_bench(config: BenchConfig = BenchConfig(), *, progress: Callable[[str], 
     return table, meta
 
 
-# --- the targets ------------------------------------------------------------------------------
-
-
-def _fmt_ratio(values: pd.Series) -> str:
-    return ", ".join(f"L={int(L)}: {ratio:.2f}" for L, ratio in values.items())
-
-
-def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
-    """One row per target of issue 4: what was measured, the goal and whether it is met.
-
-    A target whose rows are missing (a peer not installed, a section skipped) has
-    ``met = None`` and says why in ``note``.
-    """
-    ok = table["status"] == "ok"
-    speed = table[(table["section"] == "speed") & ok]
-    numba_speed = speed[speed["impl"] == "numba"]
-    quick = " (quick run: not the issue's shapes)" if config.quick else ""
-    targets = []
-
-    def add(target, shape, values, goal, met, note=""):
-        targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
-                        "met": met, "note": note + quick})
-
-    floor = speed[speed["impl"] == FLOOR].set_index("L")
-
-    def floor_note(peer, lengths):
-        """The floor's ratio to ``peer``: the lowest ratio a kernel on these GEMMs can reach."""
-        ratios = floor["vs_" + peer].dropna() if len(floor) else pd.Series(dtype=float)
-        ratios = ratios[ratios.index.isin(lengths)]
-        if not len(ratios):
-            return ""
-        return (f"numba's tile GEMMs alone (softmax left out) / {peer}, non-causal: "
-                f"{_fmt_ratio(ratios)}")
-
-    long = numba_speed[numba_speed["L"] >= 1024]
-    for causal in config.causal:
-        rows = long[long["causal"] == causal].set_index("L")["vs_torch"].dropna()
-        kind = "causal" if causal else "non-causal"
-        note = ("no torch rows (torch missing, or no L >= 1024)" if not len(rows)
-                else "" if causal else floor_note("torch", rows.index))
-        add(f"numba / torch, {kind}", "B=1 H=12 D=64, every L >= 1024", _fmt_ratio(rows),
-            "<= 0.8", bool((rows <= 0.8).all()) if len(rows) else None, note)
-    rows = numba_speed.set_index(["L", "causal"])["vs_numpy"].dropna()
-    add("numba / numpy", "B=1 H=12 D=64, every L, causal and not",
-        ", ".join(f"L={L}{' causal' if c else ''}: {r:.2f}" for (L, c), r in rows.items()),
-        "<= 0.33", bool((rows <= 0.33).all()) if len(rows) else None,
-        floor_note("numpy", numba_speed["L"]))
-    peak_rows = table[table["section"].isin(["speed", "peak"]) & ok
-                      & (table["impl"] == "numba") & ~table["causal"].astype(bool)
-                      & (table["L"] >= config.peak_min_length)
-                      & table["D"].isin(config.peak_head_sizes)]
-    pct = peak_rows.set_index(["D", "L"])["pct_of_gemm_peak"]
-    add("fraction of the float32 GEMM peak",
-        f"non-causal, L >= {config.peak_min_length}, D in {list(config.peak_head_sizes)}",
-        ", ".join(f"D={D} L={L}: {p:.0f}%" for (D, L), p in pct.items()), ">= 50%",
-        bool((pct >= 50).all()) if len(pct) else None)
-    if True in config.causal and False in config.causal:
-        causal_rows = table[(table["section"] == "causal") & ok]
-        timed = causal_rows.pivot_table(index="L", columns="causal", values="median_ms")
-        speedup = ((timed[False] / timed[True]).dropna() if True in timed and False in timed
-                   else pd.Series(dtype=float))
-        add("causal speed-up over non-causal", f"numba, L >= {config.peak_min_length}, "
-            "timed in rounds of their own", _fmt_ratio(speedup), ">= 1.8",
-            bool((speedup >= 1.8).all()) if len(speedup) else None,
-            "" if len(speedup) else f"no causal rows (no L >= {config.peak_min_length})")
-    memory = table[(table["section"] == "memory") & (table["impl"] == "numba") & ok]
-    if len(memory):
-        row = memory.iloc[0]
-        add("extra memory of one call", f"B=1 H=12 D=64 L={int(row['L'])}",
-            f"{row['extra_mib']:.1f} MiB (tracemalloc, output excluded); RSS rose "
-            f"{row['rss_extra_mib']:.1f} MiB", "<= 64 MiB", bool(row["extra_mib"] <= 64))
-    tiny = table[(table["section"] == "tiny") & (table["impl"] == "numba") & ok]
-    if len(tiny):
-        ratio = tiny.iloc[0]["vs_torch"]
-        add("tiny-call latency, numba / torch", f"L={int(tiny.iloc[0]['L'])} H=1 D=64",
-            f"{ratio:.2f} ({tiny.iloc[0]['median_ms'] * 1e3:.0f} us)", "<= 2",
-            bool(ratio <= 2) if ratio == ratio else None)
-    padding = table[(table["section"] == "padding") & ok].set_index("variant")["median_ms"]
-    if len(padding) == 2:
-        speedup = padding["no padding"] / padding["key_lengths=L/2"]
-        add("key_lengths, half the keys padded", f"L={config.padding_length}",
-            f"{speedup:.2f}x faster", ">= 1.7x", bool(speedup >= 1.7))
-    parallel = table[(table["section"] == "parallel") & ok]
-    if len(parallel) == 2:
-        times = parallel.set_index("threads")["median_ms"]
-        speedup = times[1] / times[times.index.max()]
-        add(f"parallel efficiency, {int(times.index.max())} threads vs 1",
-            f"L={config.parallel_length}", f"{speedup:.2f}x", ">= 1.8x", bool(speedup >= 1.8))
-    startup = table[(table["section"] == "startup") & ok
-                    & table["variant"].str.startswith("import")]
-    if len(startup):
-        seconds = startup.iloc[0]["median_ms"] / 1e3
-        add("start-up (warm cache): import + first call", "new process",
-            f"{seconds:.2f} s", "<= 1.5 s", bool(seconds <= 1.5))
-    numba_rows = table[(table["impl"] == "numba") & ok & table["within_tolerance"].notna()]
-    bad = numba_rows[~numba_rows["within_tolerance"].astype(bool)]
-    add("numba's error within the tolerance", "every timed shape",
-        f"{len(numba_rows) - len(bad)}/{len(numba_rows)} within; worst err/tol "
-        f"{(numba_rows['max_abs_err'] / numba_rows['tolerance']).max():.2f}",
-        "all", bool(bad.empty) if len(numba_rows) else None)
-    return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))
-
-
-# --- output -----------------------------------------------------------------------------------
-
-#: Columns printed for the timing sections, with their headers.
-_SHOWN = {"section": "section", "impl": "impl", "variant": "variant", "L": "L", "D": "D",
-          "causal": "causal", "dtype": "dtype", "status": "status", "median_ms": "median ms",
-          "iqr_ms": "IQR ms", "gflops": "GFLOP/s", "pct_of_gemm_peak": "% peak",
-          "vs_torch": "/torch", "vs_numpy": "/numpy", "max_abs_err": "max|err|",
-          "tolerance": "tol", "extra_mib": "extra MiB", "rss_extra_mib": "RSS MiB",
-          "load_1m": "load"}
-
-
-def format_table(table: pd.DataFrame) -> str:
-    """The bench table as fixed-width text (statuses other than ok shortened)."""
-    shown = table[list(_SHOWN)].copy()
-    shown["causal"] = shown["causal"].map({True: "yes", False: ""})
-    shown["status"] = shown["status"].str.slice(0, 40)
-    formats = {"median_ms": "{:.3f}", "iqr_ms": "{:.3f}", "gflops": "{:.1f}",
-               "pct_of_gemm_peak": "{:.0f}", "vs_torch": "{:.2f}", "vs_numpy": "{:.3f}",
-               "max_abs_err": "{:.1e}", "tolerance": "{:.1e}", "extra_mib": "{:.1f}",
-               "rss_extra_mib": "{:.1f}", "load_1m": "{:.1f}"}
-    for column, fmt in formats.items():
-        shown[column] = shown[column].map(lambda x, f=fmt: "" if x != x else f.format(x))
-    return shown.rename(columns=_SHOWN).to_string(index=False)
-
-
-def format_targets(targets: pd.DataFrame) -> str:
-    shown = targets.copy()
-    shown["met"] = shown["met"].map({True: "met", False: "MISSED", None: "n/a"})
-    return shown.to_string(index=False)
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub-flavoured Markdown table (cells as they are)."""
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |",
-             "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
-                    command_line: str = "") -> str:
-    """The speed section and the targets as Markdown, with the machine and the command.
-
-    This is what the README's performance section shows (pasted from ``bench.md``).
-    """
-    speed = table[(table["section"] == "speed") & (table["status"] == "ok")]
-    by_impl = speed.set_index(["L", "causal", "impl"])
-    numba = speed[speed["impl"] == "numba"].set_index(["L", "causal"])
-    rows = []
-    for (L, causal), ratio in numba.iterrows():
-        def ms(impl, L=L, causal=causal):
-            if (L, causal, impl) not in by_impl.index:
-                return ""
-            row = by_impl.loc[(L, causal, impl)]
-            return f"{row['median_ms']:.1f} ({row['iqr_ms']:.1f})"
-        rows.append({"L": int(L), "causal": "yes" if causal else "",
-                     "numba ms (IQR)": ms("numba"), "torch ms (IQR)": ms("torch"),
-                     "numpy ms (IQR)": ms("numpy"), "GEMMs alone ms (IQR)": ms(FLOOR),
-                     "numba / torch": "" if ratio["vs_torch"] != ratio["vs_torch"]
-                     else f"{ratio['vs_torch']:.2f}",
-                     "numba / numpy": "" if ratio["vs_numpy"] != ratio["vs_numpy"]
-                     else f"{ratio['vs_numpy']:.2f}",
-                     "numba % of GEMM peak": f"{ratio['pct_of_gemm_peak']:.0f}"})
-    machine, config = meta["machine"], meta["config"]
-    peaks = meta["gemm_peak_gflops"]["used"]
-    blas = machine_columns(machine)["blas"]
-    seconds = meta["seconds"]
-    took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-    torch = f"torch {machine['torch']}" if machine.get("torch") else "torch not installed"
-    header = (
-        f"`{command_line or 'attnbench bench'}` ({took}), on {machine['cpu_model']} "
-        f"({machine['usable_cores']} cores), {meta['threads']} threads for numba and each "
-        f"peer; Numba {machine['numba']} ({machine['numba_threading_layer']} layer), "
-        f"{torch}, NumPy {machine['numpy']}; BLAS {blas}. Float32 GEMM peak measured in the "
-        f"run: {peaks['float32']:.0f} GFLOP/s. Load average {meta['load_average'][0]:.2f} "
-        f"before, {meta['load_average'][1]:.2f} after. B={config['batch']}, "
-        f"H={config['heads']}, D={config['head_size']}, float32; medians of interleaved "
-        f"rounds (interquartile range in brackets); \"GEMMs alone\" is numba's two tile "
-        f"GEMMs without the softmax (the floor under its time).")
-    shown_targets = targets.assign(met=targets["met"].map({True: "met", False: "**missed**",
-                                                           None: "n/a"}))
-    shown_targets = shown_targets.fillna("")
-    return "\n\n".join([header, _markdown(pd.DataFrame(rows)),
-                         _markdown(shown_targets[["target", "measured", "goal", "met", "note"]])]
-                        ) + "\n"
-
-
-def plot(table: pd.DataFrame):
-    """Time against L per implementation (causal dashed), and numba's ratios to the peers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    speed = table[(table["section"] == "speed") & (table["status"] == "ok")]
-    figure = Figure(figsize=(11, 4.2), layout="constrained")
-    left, right = figure.subplots(1, 2)
-    colors = {"numba": "tab:blue", "torch": "tab:orange", "numpy": "tab:green",
-              FLOOR: "tab:grey"}
-    for (impl, causal), rows in speed.groupby(["impl", "causal"]):
-        rows = rows.sort_values("L")
-        left.errorbar(rows["L"], rows["median_ms"],
-                      yerr=[rows["median_ms"] - rows["q25_ms"], rows["q75_ms"] - rows["median_ms"]],
-                      color=colors.get(impl), linestyle="--" if causal else "-", marker="o",
-                      label=f"{impl}{' (numba tile GEMMs alone)' if impl == FLOOR else ''}"
-                            f"{' causal' if causal else ''}")
-    left.set(xscale="log", yscale="log", xlabel="L", ylabel="median time (ms)",
-             title="B=1 H=12 D=64 float32")
-    left.legend(fontsize=8)
-    numba_rows = speed[speed["impl"] == "numba"]
-    for peer, goal in (("torch", 0.8), ("numpy", 0.33)):
-        for causal, rows in numba_rows.groupby("causal"):
-            rows = rows.sort_values("L").dropna(subset=["vs_" + peer])
-            if len(rows):
-                right.plot(rows["L"], rows["vs_" + peer], color=colors[peer], marker="o",
-                           linestyle="--" if causal else "-",
-                           label=f"numba / {peer}{' causal' if causal else ''}")
-        right.axhline(goal, color=colors[peer], linewidth=0.8, linestyle=":")
-    right.axhline(1, color="grey", linewidth=0.8)
-    right.set(xscale="log", yscale="log", xlabel="L", ylabel="time ratio (< 1: numba faster)",
-              title="numba against its peers (dotted: targets)")
-    right.legend(fontsize=8)
-    lengths = sorted(speed["L"].unique())
-    for ax in (left, right):  # ticks at the measured lengths, plainly labelled
-        ax.set_xticks(lengths, [str(L) for L in lengths])
-        ax.minorticks_off()
-    return figure
-
-
-def write_results(table: pd.DataFrame, targets: pd.DataFrame, meta: dict, out_dir,
-                  *, command_line: str = "") -> list[Path]:
-    """Write bench.csv, targets.csv, machine.json, bench.png, bench.html and bench.md."""
-    from attnbench.report.html import write_html
-    from attnbench.report.sections import Section
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / name for name in ("bench.csv", "targets.csv", "machine.json",
-                                         "bench.png", "bench.html", "bench.md")]
-    table.to_csv(paths[0], index=False)
-    targets.to_csv(paths[1], index=False)
-    paths[2].write_text(json.dumps({**meta, "command": command_line}, indent=2, default=str)
-                        + "\n")
-    figure = plot(table)
-    figure.savefig(paths[3], dpi=100)
-    machine = "\n".join(summary_lines(meta["machine"]))
-    peaks = meta["gemm_peak_gflops"]
-    text = (f"Command: {command_line or 'attnbench bench'}\n\n{machine}\n\n"
-            f"GEMM peak (numpy matmul n=1024, {meta['threads']} threads): float32 "
-            f"{peaks['used']['float32']:.1f} GFLOP/s (before {peaks['before']['float32']:.1f}, "
-            f"after {peaks['after']['float32']:.1f}); float64 {peaks['used']['float64']:.1f}. "
-            f"Run took {meta['seconds']:.0f} s; load average {meta['load_average'][0]:.2f} "
-            f"before, {meta['load_average'][1]:.2f} after.")
-    shown = table[list(COLUMNS)]
-    sections = [
-        Section("Targets", text, tables=[("One verdict per target of issue 4", targets)]),
-        Section("Measurements", "Medians of interleaved rounds; ratios are numba's time "
-                "over the peer's on the same inputs in the same round sequence.",
-                tables=[("Every row", shown)], figures=[("Time and ratios against L", figure)]),
-    ]
-    write_html(paths[4], sections, title="attnbench bench",
-               subtitle=f"{meta['machine']['cpu_model']}, {meta['threads']} threads.")
-    paths[5].write_text(format_markdown(table, targets, meta, command_line))
-    return paths
-
-
-def config_from_args(args) -> BenchConfig:
-    """The :class:`BenchConfig` of ``attnbench bench``'s arguments."""
-    config = QUICK if args.quick else BenchConfig()
-    changes = {}
-    if args.L:
-        changes["lengths"] = tuple(args.L)
-    if args.D:
-        changes["head_size"] = args.D[0]
-        changes["peak_head_sizes"] = tuple(dict.fromkeys(args.D))
-    if args.causal != "both":
-        changes["causal"] = (args.causal == "yes",)
-    for name in ("rounds", "threads", "memory_length", "padding_length", "parallel_length",
-                 "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb"):
-        value = getattr(args, name, None)
-        if value is not None:
-            changes[name] = value
-    if args.float64_L is not None:
-        changes["float64_lengths"] = tuple(args.float64_L)
-    if args.peers is not None:
-        changes["peers"] = tuple(args.peers)
-    return replace(config, **changes)
-
-
-def command_line(config: BenchConfig) -> str:
-    """The ``attnbench bench`` command that reruns ``config`` (every option spelled out)."""
-    words = ["attnbench bench", "--L", *map(str, config.lengths),
-             "--D", *map(str, dict.fromkeys((config.head_size, *config.peak_head_sizes))),
-             "--causal", {(False, True): "both", (True,): "yes", (False,): "no"}.get(
-                 tuple(config.causal), "both"),
-             "--rounds", str(config.rounds), "--peak-min-L", str(config.peak_min_length),
-             "--float64-L", *map(str, config.float64_lengths),
-             "--memory-L", str(config.memory_length), "--tiny-L", str(config.tiny_length),
-             "--padding-L", str(config.padding_length),
-             "--parallel-L", str(config.parallel_length),
-             "--startup-runs", str(config.startup_runs), "--peers", *config.peers]
-    if config.threads:
-        words += ["--threads", str(config.threads)]
-    if config.quick:
-        words.append("--quick")
-    return " ".join(words)
-
 
 def command(args) -> int:
     """``attnbench bench``: run, print the tables, write the files; the exit status.
@@ -881,4 +531,3 @@ def command(args) -> int:
               & ~numba_rows["status"].str.startswith("skipped")).any()
     inaccurate = (numba_rows["within_tolerance"].dropna() == False).any()  # noqa: E712
     return 1 if failed or inaccurate else 0
-
