@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from attnbench.bench.config import COLUMNS, FLOOR
 from attnbench.measure.machine import machine_columns, summary_lines
+from attnbench.report.html import write_html
+from attnbench.report.sections import Section
 
 # --- output -----------------------------------------------------------------------------------
 
@@ -99,11 +102,6 @@ def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
 
 def plot(table: pd.DataFrame):
     """Time against L per implementation (causal dashed), and numba's ratios to the peers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     speed = table[(table["section"] == "speed") & (table["status"] == "ok")]
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = figure.subplots(1, 2)
@@ -142,9 +140,6 @@ def plot(table: pd.DataFrame):
 def write_results(table: pd.DataFrame, targets: pd.DataFrame, meta: dict, out_dir,
                   *, command_line: str = "") -> list[Path]:
     """Write bench.csv, targets.csv, machine.json, bench.png, bench.html and bench.md."""
-    from attnbench.report.html import write_html
-    from attnbench.report.sections import Section
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in ("bench.csv", "targets.csv", "machine.json",

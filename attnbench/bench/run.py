@@ -61,8 +61,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import numba
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 import kernels
 from attnbench.bench.config import (
@@ -185,8 +187,6 @@ def _error_problem(q, k, v, kwargs: dict, rows: int):
 
 def _errors(outputs: dict[str, np.ndarray], q, k, v, kwargs: dict, rows: int) -> dict:
     """``{impl: (max_abs_err, tolerance)}`` on the oracle's rows, the BLAS on one thread."""
-    from threadpoolctl import threadpool_limits
-
     problem, row_slice = _error_problem(q, k, v, kwargs, rows)
     with threadpool_limits(limits=1):  # no BLAS workers left spinning for the next timing
         exact, plain = oracle(problem)
@@ -336,8 +336,6 @@ def _causal(config: BenchConfig, threads: int, peaks: dict) -> list[dict]:
 
 def _parallel(config: BenchConfig, threads: int, peaks: dict) -> list[dict]:
     """numba on 1 thread against ``threads`` threads (numba.set_num_threads), interleaved."""
-    import numba
-
     B, H, L, D = config.batch, config.heads, config.parallel_length, config.head_size
     shape = dict(B=B, H=H, L=L, D=D, causal=False, dtype=np.float32)
     if threads < 2:
@@ -438,8 +436,6 @@ def run_bench(config: BenchConfig | None = None, *,
         ``load_average``.
     """
     config = BenchConfig() if config is None else config
-    import numba
-
 
     if "torch" in config.peers:
         peers.peer_status("torch")  # import torch before Numba's threads start: see below

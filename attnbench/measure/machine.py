@@ -18,7 +18,10 @@ import platform
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
+from numba import njit, prange
+from threadpoolctl import threadpool_info
 
 from attnbench.measure.timing import measure
 
@@ -55,8 +58,6 @@ def _usable_cores() -> int | None:
 @functools.cache
 def _probe_parallel():
     """A trivial ``parallel=True`` kernel: running it once makes Numba pick a threading layer."""
-    from numba import njit, prange
-
     @njit(parallel=True)
     def _sum(n):
         total = 0
@@ -73,8 +74,6 @@ def numba_threading_layer() -> str:
     Numba chooses it on the first parallel launch, so if none has run yet a trivial
     parallel kernel is run once (it compiles in well under a second).
     """
-    import numba
-
     try:
         return numba.threading_layer()
     except ValueError:  # no parallel kernel has run yet
@@ -103,8 +102,6 @@ def _threadpools() -> tuple[list[dict], list[dict]]:
     Often two BLAS are loaded: NumPy's, and SciPy's, which Numba loads for ``np.dot``
     and ``np.linalg`` inside compiled code; ``owner`` tells them apart.
     """
-    from threadpoolctl import threadpool_info
-
     keys = ("internal_api", "version", "architecture", "threading_layer", "num_threads",
             "prefix", "filepath")
     blas, openmp = [], []
@@ -128,8 +125,6 @@ def _version(package: str) -> str | None:
 
 @functools.cache
 def _record() -> dict:
-    import numba
-
     layer = numba_threading_layer()  # may load an OpenMP runtime: before threadpoolctl
     blas, openmp = _threadpools()
     return {

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+from attnbench.measure.machine import machine_columns, machine_record
 from attnbench.sweep.grid import Point
 
 __all__ = ["DONE_STATUSES", "JOURNAL_NAME", "MACHINE_FIELD", "Journal", "JournalContents",
@@ -227,8 +228,6 @@ def journaled(executor, journal: Journal, done: dict[str, dict] | None = None):
                 todo.append(point)
         for row in executor(todo, run_point):
             if "hostname" not in row:  # measured in this process: this host
-                from attnbench.measure.machine import machine_columns, machine_record
-
                 row = {**row, **machine_columns(), MACHINE_FIELD: machine_record()}
             row = journal.append(row)
             yield {**row, "resumed": False}

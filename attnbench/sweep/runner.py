@@ -39,11 +39,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 import kernels
-from attnbench.measure import peers, problems
+from attnbench.measure import gpu_timing, peers, problems
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
@@ -154,9 +156,7 @@ class PointRunner:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
         if point.backend in GPU_BACKENDS:
-            from attnbench.measure import gpu_timing as cuda_timing
-
-            usable, why = cuda_timing.backend_status(point.backend,
+            usable, why = gpu_timing.backend_status(point.backend,
                                                      allow_simulator=self.allow_simulator)
             if not usable:
                 return f"skipped: {why}"
@@ -203,8 +203,6 @@ class PointRunner:
         if backend in peers.PEERS:
             return peers.peer_threads(backend)
         if backend == "numba":
-            import numba
-
             return numba.get_num_threads()
         if backend == "reference":
             return peers.peer_threads("numpy")
@@ -232,8 +230,6 @@ class PointRunner:
         """``(exact, plain-error, tolerance)`` of the point's problem, cached per problem."""
         key = point.problem_key()
         if key not in self._oracles:
-            from threadpoolctl import threadpool_limits
-
             problem = kernels.prepare(q, k, v, **kwargs)
             with threadpool_limits(limits=1, user_api="blas"):
                 exact, plain = oracle(problem)  # (B, H, L, D) each
@@ -316,11 +312,9 @@ class PointRunner:
 
     def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
         """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
-        from attnbench.measure import gpu_timing as cuda_timing
-
-        timed = cuda_timing.time_attention(point.backend, q, k, v, kwargs,
+        timed = gpu_timing.time_attention(point.backend, q, k, v, kwargs,
                                            max_time=self.max_time)
-        peak = cuda_timing.device_peak_gflops(point.dtype)
+        peak = gpu_timing.device_peak_gflops(point.dtype)
         result = {
             "flops": flops,
             "median_ms": timed.kernel.median * 1e3, "q25_ms": timed.kernel.q25 * 1e3,
