@@ -10,7 +10,7 @@ with an NVIDIA GPU, or ``--mode simulator`` (``NUMBA_ENABLE_CUDASIM=1``) anywher
    peaks: the theoretical fp32 peak from the attributes, and the FMA kernel's measured
    fp32 and fp64 throughput beside it (a cross-check of both);
 3. runs the CUDA tests in a pytest subprocess: on a device ``tests/test_cuda.py`` and
-   ``tests/test_cuda_timing.py`` whole (the same differential tests as in the simulator,
+   ``tests/test_gpu_timing.py`` whole (the same differential tests as in the simulator,
    plus the device-only ones); in the simulator, a quick subset (the suite runs the rest);
 4. sweeps the cuda backend, and PyTorch's SDPA on the GPU (``torch-cuda``) when torch
    with CUDA is importable, over L, no mask and causal (tiny sizes in the simulator),
@@ -45,8 +45,8 @@ __all__ = ["main", "plan", "sweep_points"]
 REPO = Path(__file__).resolve().parents[1]
 #: pytest arguments per mode.
 TESTS = {
-    "device": ["tests/test_cuda.py", "tests/test_cuda_timing.py"],
-    "simulator": ["tests/test_cuda_timing.py", "-k",
+    "device": ["tests/test_cuda.py", "tests/test_gpu_timing.py"],
+    "simulator": ["tests/test_gpu_timing.py", "-k",
                   "fma_kernel_computes or prepare_launch or theoretical"],
 }
 #: The sweep per mode: (L values, d_k, heads, masks, dtypes).
@@ -103,13 +103,13 @@ def _peaks() -> dict:
     """The card's theoretical fp32 peak and the FMA kernel's measurements, GFLOP/s."""
     import numpy as np
 
-    from attnbench.measure import gpu_timing as cuda_timing
+    from attnbench.measure import gpu_timing
 
-    record = cuda_timing.device_record()
+    record = gpu_timing.device_record()
     result = {"fp32_theoretical": record.get("fp32_peak_theoretical_gflops")}
     for name, dtype in (("fp32_fma_measured", np.float32), ("fp64_fma_measured", np.float64)):
         try:
-            result[name] = cuda_timing.fma_peak_gflops(dtype)
+            result[name] = gpu_timing.fma_peak_gflops(dtype)
         except Exception as exc:  # reported, not fatal: the tests say more
             result[name] = f"failed: {type(exc).__name__}: {exc}"
     return result
@@ -158,7 +158,7 @@ def _until(deadline: float):
 
 
 def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
-    from attnbench.measure import gpu_timing as cuda_timing
+    from attnbench.measure import gpu_timing
     from attnbench.report import build as report
     from attnbench.report.hosts import host_peaks, scaling_by_group
     from attnbench.studies.scaling import scaling_table
@@ -166,7 +166,7 @@ def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
     from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal
     from attnbench.sweep.runner import PointRunner, run_sweep
 
-    torch_usable, torch_why = cuda_timing.backend_status("torch-cuda")
+    torch_usable, torch_why = gpu_timing.backend_status("torch-cuda")
     points = sweep_points(mode, torch_cuda=torch_usable)
     runner = PointRunner(max_time=0.2 if mode == "device" else 0.01, gemm_peaks={},
                          oracle_limit=ORACLE_LIMIT, allow_simulator=mode == "simulator")
@@ -230,10 +230,10 @@ def main(argv=None) -> int:
         print(f"gpu-check: error: {where}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    from attnbench.measure import gpu_timing as cuda_timing
+    from attnbench.measure import gpu_timing
 
     summary = {"mode": args.mode, "ran_on": "device" if args.mode == "device" else "simulator",
-               "where": where, "device": cuda_timing.device_record()}
+               "where": where, "device": gpu_timing.device_record()}
     if args.mode == "device":
         summary["peaks_gflops"] = _peaks()
         print("Peaks (GFLOP/s): " + ", ".join(

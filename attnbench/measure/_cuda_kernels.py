@@ -21,7 +21,7 @@ def fma_source(dtype):
     """The FMA kernel for ``dtype`` as a plain Python function (see :func:`fma_kernel`).
 
     Every constant is made in ``dtype``, so the float32 kernel has no float64 instruction
-    (tests/test_cuda_timing.py checks its PTX).
+    (tests/test_gpu_timing.py checks its PTX).
     """
     F = numba.from_dtype(np.dtype(dtype))
     STEP = F(1.0 / 1024)
