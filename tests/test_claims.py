@@ -9,6 +9,7 @@ import kernels
 from attnbench.claims import attention as checks_attention
 from attnbench.claims import cost as checks_cost
 from attnbench.claims import ledger as claims
+from attnbench.claims import masking as checks_masking
 from attnbench.claims import softmax as checks_softmax
 from attnbench.claims.rules import (
     CAVEAT,
@@ -129,15 +130,15 @@ def test_c22_counterexample_from_the_article():
 
 
 def test_c25_c31_masks():
-    v = checks_attention.c25().values
+    v = checks_masking.c25().values
     assert v["max_pad_weight"] == 0 and v["all_pad_row_weight"] == pytest.approx(1 / 8)
-    v = checks_attention.c31().values
+    v = checks_masking.c31().values
     assert v["exp_neg_inf_float32"] and v["masked_weights_exactly_zero"]
     assert v["plain_softmax_all_masked_nan"] and v["kernels_all_masked"] == [0.0] * 4
 
 
 def test_c26_dropout_fraction():
-    v = checks_attention.c26().values
+    v = checks_masking.c26().values
     assert abs(v["dropped_fraction"] - 0.1) <= 5 * v["sigma"]
     assert v["kept_scaled_by_1_over_1_minus_p"]
 

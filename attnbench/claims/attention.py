@@ -1,5 +1,5 @@
-"""Checks of the claims about what attention computes: C04, C05, C07, C08, C13, C17, C19,
-C20, C22, C25, C26, C30, C31.
+"""Checks of the claims about what attention computes: C04, C05, C13, C17, C19, C20, C22,
+C30 (the masks and dropout are in :mod:`attnbench.claims.masking`).
 
 They run :func:`kernels.attention` (the fused ``numba`` backend, and the ``reference``
 where the claim is about the formula), :class:`kernels.MultiHeadAttention` and the two
@@ -26,7 +26,8 @@ EXAMPLE_PRINTED_OUTPUT = np.array([[0.8392, -1.4054, 0.5662], [0.9302, -1.3876, 
                                    [0.9944, -1.3681, 0.3737], [1.4138, -0.7366, -0.6772]])
 
 
-def _randn(rng, *shape, dtype=np.float32):
+def randn(rng, *shape, dtype=np.float32):
+    """Standard normal draws of ``shape`` from ``rng``, in ``dtype``."""
     return rng.standard_normal(shape).astype(dtype)
 
 
@@ -35,9 +36,9 @@ def c04() -> Result:
     1e-12 relative (float64).  The rank and asymmetry of W_Qᵀ W_K go to the details."""
     rng = np.random.default_rng(10)
     d_model, d_k, n = 64, 8, 10
-    W_Q, W_K = _randn(rng, d_k, d_model, dtype=np.float64), _randn(rng, d_k, d_model,
+    W_Q, W_K = randn(rng, d_k, d_model, dtype=np.float64), randn(rng, d_k, d_model,
                                                                  dtype=np.float64)
-    E = _randn(rng, d_model, n, dtype=np.float64)  # embeddings as columns
+    E = randn(rng, d_model, n, dtype=np.float64)  # embeddings as columns
     direct = (W_Q @ E).T @ (W_K @ E)  # (n, n): q_i · k_j
     M = W_Q.T @ W_K  # (d_model, d_model)
     bilinear = E.T @ M @ E
@@ -59,7 +60,7 @@ def c05() -> Result:
     does equal it (measured)."""
     rng = np.random.default_rng(11)
     d_k, d_v, n = 4, 3, 5
-    Q, K, V = (_randn(rng, d, n, dtype=np.float64) for d in (d_k, d_k, d_v))  # columns = tokens
+    Q, K, V = (randn(rng, d, n, dtype=np.float64) for d in (d_k, d_k, d_v))  # columns = tokens
     row_form = kernels.attention(Q.T, K.T, V.T, backend="reference")  # (n, d_v)
     S = K.T @ Q / np.sqrt(d_k)  # (n, n): S[i, j] = k_i · q_j
     try:
@@ -69,7 +70,7 @@ def c05() -> Result:
         literal, defined = None, False
         shape_error = str(exc).split("\n")[0]
     # with d_v = n the product is defined: does it equal the row form for either axis?
-    V_sq = _randn(rng, n, n, dtype=np.float64)
+    V_sq = randn(rng, n, n, dtype=np.float64)
     row_sq = kernels.attention(Q.T, K.T, V_sq.T, backend="reference")  # (n, n)
     square_diffs = [float(min(np.abs(kernels.softmax(S, axis=a) @ V_sq - row_sq.T).max(),
                               np.abs(kernels.softmax(S, axis=a) @ V_sq - row_sq).max()))
@@ -89,60 +90,6 @@ def c05() -> Result:
                           "which is the transpose of softmax(QKᵀ/√d_k)V.")
 
 
-def c07() -> Result:
-    """Rule: with causal=True (numba and reference, float32), every weight above the
-    diagonal must be exactly 0, and overwriting the keys and values of positions ≥ t with
-    1e30, NaN and inf must leave the outputs of rows < t bit-identical.  holds if both."""
-    rng = np.random.default_rng(12)
-    L, D = 40, 16
-    q, k, v = (_randn(rng, 1, 2, L, D) for _ in range(3))
-    zeros_ok, identical = True, True
-    for backend in ("numba", "reference"):
-        out, w = kernels.attention(q, k, v, causal=True, return_weights=True, backend=backend)
-        zeros_ok &= bool((w[..., np.triu_indices(L, 1)[0], np.triu_indices(L, 1)[1]] == 0).all())
-        for t, garbage in ((25, 1e30), (10, np.nan), (33, np.inf)):
-            k2, v2 = k.copy(), v.copy()
-            k2[..., t:, :] = garbage
-            v2[..., t:, :] = garbage
-            out2 = kernels.attention(q, k2, v2, causal=True, backend=backend)
-            identical &= bool(np.array_equal(out[..., :t, :], out2[..., :t, :]))
-    measured = (f"L={L}: weights above the diagonal exactly 0: {zeros_ok}; outputs before "
-                f"position t bit-identical when future keys/values become 1e30, NaN or inf: "
-                f"{identical} (numba and reference)")
-    values = {"future_weights_zero": zeros_ok, "earlier_outputs_unchanged": identical}
-    return Result(HOLDS if zeros_ok and identical else FAILS, measured, values=values)
-
-
-def c08() -> Result:
-    """Rule: padding given as key_lengths and as a boolean mask; overwriting the PAD keys and
-    values with NaN/inf must leave every non-PAD query's output bit-identical, with PAD
-    weights exactly 0.  holds if both, for numba and reference."""
-    rng = np.random.default_rng(13)
-    B, H, L, D = 2, 2, 24, 8
-    lengths = np.array([17, 9])
-    q, k, v = (_randn(rng, B, H, L, D) for _ in range(3))
-    mask = (np.arange(L)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, L)
-    ok_weights, ok_outputs = True, True
-    for backend in ("numba", "reference"):
-        for kwargs in ({"key_lengths": lengths}, {"mask": mask}):
-            out, w = kernels.attention(q, k, v, return_weights=True, backend=backend, **kwargs)
-            k2, v2 = k.copy(), v.copy()
-            for b, n in enumerate(lengths):
-                k2[b, :, n:] = np.nan
-                v2[b, :, n:] = np.inf
-                ok_weights &= bool((w[b, :, :, n:] == 0).all())
-            out2 = kernels.attention(q, k2, v2, backend=backend, **kwargs)
-            for b, n in enumerate(lengths):
-                ok_outputs &= bool(np.array_equal(out[b, :, :n], out2[b, :, :n]))
-    measured = (f"key lengths {lengths.tolist()} of {L}, as key_lengths and as a bool mask: "
-                f"PAD weights exactly 0: {ok_weights}; real tokens' outputs bit-identical "
-                f"with NaN/inf in PAD keys/values: {ok_outputs}")
-    return Result(HOLDS if ok_weights and ok_outputs else FAILS, measured,
-                  values={"pad_weights_zero": ok_weights, "outputs_unchanged": ok_outputs},
-                  details="PAD queries still get outputs (attending to real tokens); they are "
-                          "discarded downstream, and every layer must apply the mask.")
-
-
 def c13() -> Result:
     """Rule: holds if kernels.MultiHeadAttention(768, 12) maps x (1, L, 768) to ΔE of the same
     shape and E + ΔE is defined with that shape (also for n_heads·d_head = d_model with
@@ -151,7 +98,7 @@ def c13() -> Result:
     shapes = []
     for heads, kv_heads in ((12, 12), (12, 4)):
         layer = kernels.MultiHeadAttention(768, heads, kv_heads)
-        x = _randn(rng, 1, 16, 768)
+        x = randn(rng, 1, 16, 768)
         delta = layer(x)
         shapes.append((x.shape, delta.shape, (x + delta).shape))
     ok = all(a == b == c for a, b, c in shapes)
@@ -171,7 +118,7 @@ def c17() -> Result:
     for d_model, heads, kv in ((64, 8, 8), (48, 6, 2), (768, 12, 12)):
         layer = kernels.MultiHeadAttention(d_model, heads, kv, dtype=np.float64, seed=1)
         params = layer.parameters()
-        x = _randn(rng, 2, 11, d_model, dtype=np.float64)
+        x = randn(rng, 2, 11, d_model, dtype=np.float64)
         widths_ok &= layer.d_head * heads == d_model
         for causal in (False, True):
             loop = reference.multihead_loop(x, params, heads, kv, causal=causal)
@@ -265,14 +212,14 @@ def c20() -> Result:
     L = 97
     worst = {}
     for dtype in (np.float32, np.float64):
-        q, k = _randn(rng, 2, 3, L, 40, dtype=dtype), _randn(rng, 2, 3, L, 40, dtype=dtype)
+        q, k = randn(rng, 2, 3, L, 40, dtype=dtype), randn(rng, 2, 3, L, 40, dtype=dtype)
         for backend in ("numba", "reference"):
             for kwargs in ({}, {"causal": True}, {"key_lengths": np.array([L, 50])}):
                 _, w = kernels.attention(q, k, k, return_weights=True, backend=backend,
                                          **kwargs)
                 err = float(np.abs(w.sum(axis=-1, dtype=np.float64) - 1).max())
                 worst[np.dtype(dtype).name] = max(worst.get(np.dtype(dtype).name, 0.0), err)
-    q = _randn(rng, 1, 1, 4, 8)
+    q = randn(rng, 1, 1, 4, 8)
     _, w_empty = kernels.attention(q, q, q, key_lengths=0, return_weights=True)
     empty_sum = float(w_empty.sum(axis=-1).max())
     ok = all(worst[name] <= 4 * L * np.finfo(name).eps for name in worst)
@@ -324,72 +271,6 @@ def c22() -> Result:
     return Result(HOLDS, measured, values=values)
 
 
-def c25() -> Result:
-    """Rule: adding −1e9 to PAD scores (float mask, float32 and float64, numba and reference)
-    must give PAD weights of exactly 0 — "practically 0" — in rows that have a real key.  A
-    row where every key is PAD gets measured too; if its weights are not 0 (uniform 1/L
-    instead), holds-with-caveat.  Also recorded: −1e9 in float16 is −inf."""
-    rng = np.random.default_rng(20)
-    L = 8
-    worst = 0.0
-    for dtype in (np.float32, np.float64):
-        q = _randn(rng, 1, 1, L, 16, dtype=dtype)
-        mask = np.zeros((L, L), dtype)
-        mask[:, 5:] = -1e9
-        for backend in ("numba", "reference"):
-            _, w = kernels.attention(q, q, q, mask=mask, return_weights=True, backend=backend)
-            worst = max(worst, float(np.abs(w[..., 5:]).max()))
-    q = _randn(rng, 1, 1, L, 16)
-    _, w_all = kernels.attention(q, q, q, mask=np.full((L, L), -1e9, np.float32),
-                                 return_weights=True)
-    all_pad = float(w_all.max())
-    with np.errstate(over="ignore"):
-        fp16 = float(np.float16(-1e9))
-    values = {"max_pad_weight": worst, "all_pad_row_weight": all_pad, "float16_value": fp16}
-    measured = (f"PAD weights with −1e9 added: max {worst:g} (float32 and float64); a row "
-                f"with every key PAD: each weight {all_pad:.3f} = 1/{L}; float16(−1e9) = {fp16}")
-    if worst != 0:
-        return Result(FAILS, measured, values=values)
-    if all_pad != 0:
-        return Result(CAVEAT, measured, values=values,
-                      condition=f"for rows with at least one real key; a row of only PAD keys "
-                                f"gets uniform weights 1/L over them ({all_pad:.3f} here), "
-                                "unlike −∞/boolean masks (0 in kernels)",
-                      details="−1e9 is exactly 0 after exp in float32/64 (exp(−1e9) "
-                              "underflows); in float16 −1e9 is −inf.")
-    return Result(HOLDS, measured, values=values)
-
-
-def c26() -> Result:
-    """Rule: with V = the identity, kernels.attention's output is the weight matrix after
-    dropout, so dropped links are visible.  holds if, for p = 0.1 (numba), the dropped
-    fraction of links is within 5 standard errors of p, kept weights are scaled by exactly
-    1/(1 − p) (rtol 1e-5), two seeds drop different links, and p = 0 drops none."""
-    rng = np.random.default_rng(21)
-    L, p = 256, 0.1
-    q = _randn(rng, 1, 1, L, 32)
-    eye = np.eye(L, dtype=np.float32)[None, None]  # V = I: output = weights after dropout
-    _, w = kernels.attention(q, q, eye, return_weights=True)
-    after = [kernels.attention(q, q, eye, dropout_p=p, seed=s, backend="numba") for s in (1, 2)]
-    kept = after[0] != 0
-    dropped = float(1 - kept.mean())
-    sigma = float(np.sqrt(p * (1 - p) / kept.size))
-    scale_ok = bool(np.allclose(after[0][kept], w[kept] / (1 - p), rtol=1e-5))
-    differ = float(((after[0] != 0) != (after[1] != 0)).mean())
-    inference_same = bool(np.allclose(kernels.attention(q, q, eye, dropout_p=0.0), w))
-    sums = after[0].sum(axis=-1)
-    ok = abs(dropped - p) <= 5 * sigma and scale_ok and differ > 0 and inference_same
-    values = {"dropped_fraction": dropped, "sigma": sigma, "kept_scaled_by_1_over_1_minus_p":
-              scale_ok, "seeds_differ_fraction": differ, "row_sum_range":
-              [float(sums.min()), float(sums.max())]}
-    measured = (f"p = {p}: {dropped:.4f} of {kept.size:,} links dropped (±{sigma:.4f}), kept "
-                f"ones ×1/(1−p): {scale_ok}; two seeds differ on {differ:.1%} of links; rows "
-                f"then sum to {sums.min():.2f}–{sums.max():.2f} (1 on average)")
-    return Result(HOLDS if ok else FAILS, measured, values=values,
-                  details="Inverted dropout: rows no longer sum to 1 during training; p = 0 "
-                          "(inference) changes nothing.")
-
-
 def c30() -> Result:
     """Rule: permuting the tokens of x through MultiHeadAttention (no positions, no mask) must
     permute the outputs (within 1e-5 relative, float32: sums are reordered).  The same with a
@@ -397,7 +278,7 @@ def c30() -> Result:
     means equivariant: the outputs move with their tokens)."""
     rng = np.random.default_rng(22)
     layer = kernels.MultiHeadAttention(64, 4, seed=3)
-    x = _randn(rng, 2, 30, 64)
+    x = randn(rng, 2, 30, 64)
     perm = rng.permutation(30)
     diffs = {}
     for causal in (False, True):
@@ -416,44 +297,4 @@ def c30() -> Result:
                                 "equivariant, not invariant: each output moves with its token",
                       details="Position embeddings or RoPE add the order back, as the source "
                               "notes.")
-    return Result(HOLDS, measured, values=values)
-
-
-def c31() -> Result:
-    """Rule: holds-with-caveat or holds requires np.exp(float32(−inf)) == 0 and masked
-    weights exactly 0 through kernels.attention (float32, −inf float mask and bool mask,
-    numba and reference).  A row whose every key is masked is measured through a plain
-    softmax (NaN: −inf − (−inf)) and kernels (0); NaN there makes it holds-with-caveat."""
-    exp_zero = bool(np.exp(np.float32(-np.inf)) == 0)
-    rng = np.random.default_rng(23)
-    L = 12
-    q = _randn(rng, 1, 2, L, 16)
-    bool_mask = rng.random((L, L)) < 0.6
-    np.fill_diagonal(bool_mask, True)
-    float_mask = np.where(bool_mask, 0, -np.inf).astype(np.float32)
-    exact = True
-    for backend in ("numba", "reference"):
-        for mask in (bool_mask, float_mask):
-            _, w = kernels.attention(q, q, q, mask=mask, return_weights=True, backend=backend)
-            exact &= bool((w[..., ~bool_mask] == 0).all())
-    row = np.full(4, -np.inf, np.float32)
-    with np.errstate(invalid="ignore"):
-        plain = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
-    plain_nan = bool(np.isnan(plain).all())
-    kernels_row = kernels.softmax(row)
-    values = {"exp_neg_inf_float32": exp_zero, "masked_weights_exactly_zero": exact,
-              "plain_softmax_all_masked_nan": plain_nan,
-              "kernels_all_masked": kernels_row.tolist()}
-    measured = (f"exp(float32 −inf) = {float(np.exp(np.float32(-np.inf)))}; masked weights "
-                f"exactly 0 (float32, bool and −inf masks, numba and reference): {exact}; a "
-                f"row with every key masked: plain max-subtracted softmax gives "
-                f"{'NaN' if plain_nan else plain.tolist()}, kernels.softmax "
-                f"{kernels_row.tolist()}")
-    if not (exp_zero and exact):
-        return Result(FAILS, measured, values=values)
-    if plain_nan:
-        return Result(CAVEAT, measured, values=values,
-                      condition="as long as the row has at least one unmasked key; with every "
-                                "key masked a plain softmax computes −∞ − (−∞) = NaN "
-                                "(kernels returns 0 by convention)")
     return Result(HOLDS, measured, values=values)

@@ -2,7 +2,8 @@
 
 The 31 claims (ids C01–C31, as in the project's ``claims.md``) are listed in
 :data:`CLAIMS`.  Each has a check function (in :mod:`attnbench.claims.softmax`,
-:mod:`attnbench.claims.attention` and :mod:`attnbench.claims.cost`) that measures or
+:mod:`attnbench.claims.attention`, :mod:`attnbench.claims.masking` and
+:mod:`attnbench.claims.cost`) that measures or
 computes what the claim is about and returns a :class:`Result`: the measured value(s),
 and a verdict decided from them by an explicit rule written in the check's docstring —
 never by hand.  The verdicts:
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.claims import attention as att
-from attnbench.claims import cost
+from attnbench.claims import cost, masking
 from attnbench.claims import softmax as sm
 from attnbench.claims.rules import ABOUT_RELATIVE, CAVEAT, ERROR, FAILS, HOLDS, VERDICTS, Result
 from attnbench.report.sections import Section
@@ -88,9 +89,9 @@ def _claims() -> dict[str, Claim]:
          "keeps the softmax from saturating", sm.c06),
         ("C07", "000", "a causal mask (−∞ on future positions before softmax) makes those "
          "weights exactly 0, so no future token can change an earlier token's output",
-         att.c07),
+         masking.c07),
         ("C08", "000, 004", "a padding mask keeps PAD positions from contributing to any "
-         "output", att.c08),
+         "output", masking.c08),
         ("C09", "000", "GPT-3 has 96 heads, and each head's W_Q and W_K are 128 × 12,288 "
          "matrices", cost.c09),
         ("C10", "000", "with the low-rank value map (value-down then value-up), value "
@@ -125,9 +126,9 @@ def _claims() -> dict[str, Claim]:
          "[0.73, 0.05, 0.22]", sm.c23),
         ("C24", "004", "d_head = 768 / 12 = 64 and the scale is √64 = 8", cost.c24),
         ("C25", "004", "adding −1e9 to PAD scores makes their probability \"practically 0\" "
-         "after softmax", att.c25),
+         "after softmax", masking.c25),
         ("C26", "004", "dropout (p = 0.1) on the attention probabilities randomly switches "
-         "off attention links during training", att.c26),
+         "off attention links during training", masking.c26),
         ("C27", "004", "12 heads of 64 dimensions cost the same as one 768-dimensional "
          "attention", cost.c27),
         ("C28", "004", "BERT-base attention: W_Q, W_K, W_V, W_O are 768 × 768 each: "
@@ -138,7 +139,7 @@ def _claims() -> dict[str, Claim]:
         ("C30", "004", "self-attention without position information is position-invariant: "
          "permuting the tokens only permutes the outputs", att.c30),
         ("C31", "000", "masking with −∞ and softmax: e^−∞ = 0, so the masked weight is "
-         "exactly 0 (also in float32 arithmetic)", att.c31),
+         "exactly 0 (also in float32 arithmetic)", masking.c31),
     ]
     return {cid: Claim(cid, source, text, check) for cid, source, text, check in table}
 
