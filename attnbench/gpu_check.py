@@ -6,7 +6,7 @@ with an NVIDIA GPU, or ``--mode simulator`` (``NUMBA_ENABLE_CUDASIM=1``) anywher
 
 1. says where the CUDA code runs, and refuses a mode that does not match: ``device``
    needs numba.cuda to see a real GPU, ``simulator`` needs the simulator;
-2. on a device, records the card (:func:`attnbench.measure.gpu_timing.device_record`) and its
+2. on a device, records the card (:func:`attnbench.measure.gpu_device.device_record`) and its
    peaks: the theoretical fp32 peak from the attributes, and the FMA kernel's measured
    fp32 and fp64 throughput beside it (a cross-check of both);
 3. runs the CUDA tests in a pytest subprocess: on a device ``tests/test_cuda.py`` and
@@ -103,13 +103,13 @@ def _peaks() -> dict:
     """The card's theoretical fp32 peak and the FMA kernel's measurements, GFLOP/s."""
     import numpy as np
 
-    from attnbench.measure import gpu_timing
+    from attnbench.measure import gpu_device
 
-    record = gpu_timing.device_record()
+    record = gpu_device.device_record()
     result = {"fp32_theoretical": record.get("fp32_peak_theoretical_gflops")}
     for name, dtype in (("fp32_fma_measured", np.float32), ("fp64_fma_measured", np.float64)):
         try:
-            result[name] = gpu_timing.fma_peak_gflops(dtype)
+            result[name] = gpu_device.fma_peak_gflops(dtype)
         except Exception as exc:  # reported, not fatal: the tests say more
             result[name] = f"failed: {type(exc).__name__}: {exc}"
     return result
@@ -158,7 +158,7 @@ def _until(deadline: float):
 
 
 def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
-    from attnbench.measure import gpu_timing
+    from attnbench.measure import gpu_device
     from attnbench.report import build as report
     from attnbench.report.hosts import host_peaks, scaling_by_group
     from attnbench.studies.scaling import scaling_table
@@ -166,7 +166,7 @@ def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
     from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal
     from attnbench.sweep.runner import PointRunner, run_sweep
 
-    torch_usable, torch_why = gpu_timing.backend_status("torch-cuda")
+    torch_usable, torch_why = gpu_device.backend_status("torch-cuda")
     points = sweep_points(mode, torch_cuda=torch_usable)
     runner = PointRunner(max_time=0.2 if mode == "device" else 0.01, gemm_peaks={},
                          oracle_limit=ORACLE_LIMIT, allow_simulator=mode == "simulator")
@@ -230,10 +230,10 @@ def main(argv=None) -> int:
         print(f"gpu-check: error: {where}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    from attnbench.measure import gpu_timing
+    from attnbench.measure import gpu_device
 
     summary = {"mode": args.mode, "ran_on": "device" if args.mode == "device" else "simulator",
-               "where": where, "device": gpu_timing.device_record()}
+               "where": where, "device": gpu_device.device_record()}
     if args.mode == "device":
         summary["peaks_gflops"] = _peaks()
         print("Peaks (GFLOP/s): " + ", ".join(

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-from attnbench.measure import gpu_timing  # noqa: E402
+from attnbench.measure import gpu_device, gpu_timing  # noqa: E402
 from attnbench.sweep.grid import Point  # noqa: E402
 from attnbench.sweep.runner import PointRunner, make_inputs  # noqa: E402
 from kernels import _backends  # noqa: E402
@@ -46,12 +46,12 @@ PEAKS = [
 
 @pytest.mark.parametrize("sms, cc, clock_khz, expected", PEAKS)
 def test_theoretical_fp32_peak_from_device_attributes(sms, cc, clock_khz, expected):
-    assert gpu_timing.theoretical_fp32_gflops(sms, cc, clock_khz) == pytest.approx(expected)
+    assert gpu_device.theoretical_fp32_gflops(sms, cc, clock_khz) == pytest.approx(expected)
 
 
 def test_unknown_architecture_or_missing_clock_has_no_theoretical_peak():
-    assert np.isnan(gpu_timing.theoretical_fp32_gflops(10, (4, 0), 1e6))
-    assert np.isnan(gpu_timing.theoretical_fp32_gflops(10, (9, 0), 0))
+    assert np.isnan(gpu_device.theoretical_fp32_gflops(10, (4, 0), 1e6))
+    assert np.isnan(gpu_device.theoretical_fp32_gflops(10, (9, 0), 0))
 
 
 
@@ -62,7 +62,7 @@ def fma_reference(n_threads: int, iterations: int, a: float, b: float, dtype) ->
     dtype = np.dtype(dtype)
     step = dtype.type(1.0 / 1024)
     x0 = (np.arange(n_threads) % 64).astype(dtype) * step
-    chains = [x0 + c * step for c in range(gpu_timing.FMA_CHAINS)]
+    chains = [x0 + c * step for c in range(gpu_device.FMA_CHAINS)]
     for _ in range(iterations):
         chains = [x * dtype.type(a) + dtype.type(b) for x in chains]
     return ((chains[0] + chains[1]) + (chains[2] + chains[3])) + (
@@ -113,9 +113,9 @@ print(json.dumps(result))
 def test_fma_kernel_and_blocker_compile_to_ptx():
     """The real compiler (no GPU needed): 8 FMAs per iteration, none in float64 for float32."""
     result = run_ptx_script(_PTX_SCRIPT)
-    assert result["float32"]["fma"] >= gpu_timing.FMA_CHAINS
+    assert result["float32"]["fma"] >= gpu_device.FMA_CHAINS
     assert result["float32"]["f64"] == []
-    assert result["float64"]["fma"] >= gpu_timing.FMA_CHAINS
+    assert result["float64"]["fma"] >= gpu_device.FMA_CHAINS
     assert result["blocker_nanosleep"]
 
 
@@ -159,7 +159,7 @@ def test_a_cuda_point_is_timed_on_device_arrays_and_checked(mask):
     for column in ("median_ms", "h2d_ms", "d2h_ms", "host_call_ms"):
         assert row[column] > 0, column
     assert row["h2d_gbps"] > 0 and row["d2h_gbps"] > 0
-    assert row["device"] == gpu_timing.device_label()
+    assert row["device"] == gpu_device.device_label()
     if SIMULATOR:
         assert "simulator" in row["timing_method"] and "NOT GPU time" in row["timing_method"]
         assert np.isnan(row["gemm_peak_gflops"]) and "simulator" in row["peak_source"]
@@ -177,14 +177,14 @@ def test_a_sweep_skips_cuda_in_the_simulator_unless_allowed():
 
 
 def test_torch_cuda_is_skipped_with_the_reason_without_a_gpu_torch():
-    usable, why = gpu_timing.backend_status("torch-cuda")
+    usable, why = gpu_device.backend_status("torch-cuda")
     if usable:
         pytest.skip(f"torch sees a GPU here: {why}")
     row = PointRunner(max_time=0.005, gemm_peaks={}, settle=0.0)(
         Point("torch-cuda", 8, 4, 1, 1, 1, "none", "float32"))
     assert row["status"] == "skipped" and row["reason"] == f"skipped: {why}"
     with pytest.raises(ValueError, match="not a GPU backend"):
-        gpu_timing.backend_status("numba")
+        gpu_device.backend_status("numba")
 
 
 # --- only on a real GPU ---------------------------------------------------------------------
@@ -192,14 +192,14 @@ def test_torch_cuda_is_skipped_with_the_reason_without_a_gpu_torch():
 
 @gpu_only
 def test_fma_peak_is_near_the_theoretical_peak():
-    record = gpu_timing.device_record()
+    record = gpu_device.device_record()
     theoretical = record["fp32_peak_theoretical_gflops"]
-    measured = gpu_timing.fma_peak_gflops(np.float32)
+    measured = gpu_device.fma_peak_gflops(np.float32)
     print(f"{record['name']}: FMA kernel {measured:.0f} GFLOP/s, theoretical {theoretical:.0f}")
     assert measured > 0
     if np.isfinite(theoretical):  # clocks may throttle below the boost clock, never above
         assert 0.5 * theoretical < measured < 1.05 * theoretical
-    assert gpu_timing.fma_peak_gflops(np.float64) > 0
+    assert gpu_device.fma_peak_gflops(np.float64) > 0
 
 
 @gpu_only

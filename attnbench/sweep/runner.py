@@ -45,7 +45,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 import kernels
-from attnbench.measure import gpu_timing, peers, problems
+from attnbench.measure import gpu_device, gpu_timing, peers, problems
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
@@ -156,7 +156,7 @@ class PointRunner:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
         if point.backend in GPU_BACKENDS:
-            usable, why = gpu_timing.backend_status(point.backend,
+            usable, why = gpu_device.backend_status(point.backend,
                                                      allow_simulator=self.allow_simulator)
             if not usable:
                 return f"skipped: {why}"
@@ -314,7 +314,7 @@ class PointRunner:
         """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
         timed = gpu_timing.time_attention(point.backend, q, k, v, kwargs,
                                            max_time=self.max_time)
-        peak = gpu_timing.device_peak_gflops(point.dtype)
+        peak = gpu_device.device_peak_gflops(point.dtype)
         result = {
             "flops": flops,
             "median_ms": timed.kernel.median * 1e3, "q25_ms": timed.kernel.q25 * 1e3,
