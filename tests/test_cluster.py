@@ -21,11 +21,8 @@ pytest.importorskip("distributed", reason="dask.distributed is missing: pip inst
                                           "attnbench[cluster]")
 
 from attnbench.cli import main  # noqa: E402
-from attnbench.sweep.cluster import (  # noqa: E402
-    DaskExecutor,
-    host_timing_lock,
-    parse_cluster,
-)
+from attnbench.sweep.cluster import DaskExecutor, parse_cluster  # noqa: E402
+from attnbench.sweep.cluster_tasks import host_timing_lock  # noqa: E402
 from attnbench.sweep.grid import Grid, Point, expand  # noqa: E402
 from attnbench.sweep.journal import Journal, journaled, load_journal, point_key  # noqa: E402
 from attnbench.sweep.runner import PointRunner, run_sweep, serial_executor  # noqa: E402

@@ -13,9 +13,9 @@ distributed.  ``dask[distributed]`` is an optional dependency (``pip install
    exactly one worker per host offers it (its *timing slot*), so the scheduler runs one
    timing per host at a time, and hosts in parallel.  As a guarantee that does not
    depend on how workers were started, the task also holds an exclusive ``flock`` on a
-   per-host lock file (:func:`host_timing_lock`; the OS releases it if the process
-   dies) while it times; a row's ``timing_lock_wait_s`` says how long it waited for it
-   (0 when the resource did its job).
+   per-host lock file (:func:`attnbench.sweep.cluster_tasks.host_timing_lock`; the OS
+   releases it if the process dies) while it times; a row's ``timing_lock_wait_s`` says
+   how long it waited for it (0 when the resource did its job).
 2. *check*: the error against the float64 oracle.  No resource: it runs on any worker,
    overlapping other points' timings (it uses one BLAS thread, and the timings of a
    host with idle cores stay clean; on a small machine, give the sweep ``--threads``
@@ -62,30 +62,28 @@ every task assigned to a dead worker as suspect).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import socket
-import tempfile
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from attnbench.measure.machine import gemm_peak_gflops, machine_columns, machine_record
-from attnbench.measure.problems import limit_threads
+import attnbench
+from attnbench.sweep.cluster_tasks import (
+    LOCK_PATH,
+    allowed_failures_of,
+    check_task,
+    time_task,
+    worker_info,
+)
 from attnbench.sweep.grid import Point
-from attnbench.sweep.journal import MACHINE_FIELD
 
-__all__ = ["TIMING_RESOURCE", "ClusterSpec", "DaskExecutor", "host_timing_lock",
-           "parse_cluster"]
+__all__ = ["TIMING_RESOURCE", "ClusterSpec", "DaskExecutor", "parse_cluster"]
 
 #: The Dask resource of a host's timing slot.
 TIMING_RESOURCE = "timing"
-#: Where the per-host timing lock lives (a local file system, one per host).
-LOCK_PATH = Path(tempfile.gettempdir()) / "attnbench-timing.lock"
 #: Default number of worker deaths a task may be involved in before it is failed.
 ALLOWED_FAILURES = 2
 
@@ -120,91 +118,6 @@ def parse_cluster(text: str) -> ClusterSpec:
                 return ClusterSpec("address", address=text)
     raise ValueError(f"--cluster {text!r}: expected local:N (N worker processes here) or "
                      "tcp://HOST:PORT (the address of a running Dask scheduler)")
-
-
-# --- the per-host timing lock ----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def host_timing_lock(path=LOCK_PATH):
-    """Hold an exclusive ``flock`` on ``path`` (per host); yields the seconds waited for it.
-
-    Without ``fcntl`` (Windows) nothing is locked and the wait is 0: the Dask resource
-    alone keeps timings apart there.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on Linux
-        yield 0.0
-        return
-    started = time.perf_counter()
-    with open(path, "a+b") as file:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
-        waited = time.perf_counter() - started
-        try:
-            yield waited
-        finally:
-            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
-
-
-# --- what runs on the workers ----------------------------------------------------------------
-
-#: This worker process's runner of the current sweep: (token, PointRunner).  Keeping it
-#: across tasks keeps its caches (oracles, smallest calls, GEMM peaks) as in-process.
-_RUNNER: list = [None, None]
-
-
-def _worker_runner(runner, token: str, memory_budget):
-    if _RUNNER[0] != token:
-        _RUNNER[0], _RUNNER[1] = token, dataclasses.replace(runner, memory_budget=memory_budget)
-    return _RUNNER[1]
-
-
-def _worker_address() -> str:
-    try:
-        from distributed import get_worker
-
-        return get_worker().address
-    except Exception:  # not in a worker (tests calling the task directly)
-        return f"pid {os.getpid()}"
-
-
-def time_task(runner, token: str, point: Point, *, threads, memory_budget,
-              measure_peaks: bool, lock_path=LOCK_PATH):
-    """Phase 1 of a point, on a worker holding its host's timing slot: ``(row, output)``."""
-    worker_runner = _worker_runner(runner, token, memory_budget)
-    with host_timing_lock(lock_path) as waited, limit_threads(threads):
-        if measure_peaks and point.dtype not in worker_runner.gemm_peaks:
-            worker_runner.gemm_peaks[point.dtype] = gemm_peak_gflops(point.dtype)
-        timed_from = time.time()
-        row, out = worker_runner.time_point(point)
-        timed_to = time.time()
-    row.update(timed_from=timed_from, timed_to=timed_to, timing_lock_wait_s=waited,
-               worker=_worker_address(), **machine_columns())
-    row[MACHINE_FIELD] = machine_record()
-    return row, out
-
-
-def check_task(runner, token: str, point: Point, timed, *, threads, memory_budget):
-    """Phase 2 of a point, on any worker: the finished row."""
-    row, out = timed
-    worker_runner = _worker_runner(runner, token, memory_budget)
-    with limit_threads(threads):
-        row = worker_runner.check_point(point, dict(row), out)
-    row["checked_by"] = _worker_address()
-    return row
-
-
-def _allowed_failures(dask_scheduler) -> int:
-    return dask_scheduler.allowed_failures
-
-
-def _worker_info() -> dict:
-    """What the executor checks on every worker before a sweep."""
-    import attnbench
-
-    return {"hostname": socket.gethostname(), "pid": os.getpid(),
-            "attnbench": attnbench.__version__}
 
 
 # --- the executor ----------------------------------------------------------------------------
@@ -272,7 +185,7 @@ class DaskExecutor:
                 self.client = Client(self.cluster)
             else:
                 self.client = Client(self.spec.address, timeout=self.timeout)
-                self.allowed_failures = self.client.run_on_scheduler(_allowed_failures)
+                self.allowed_failures = self.client.run_on_scheduler(allowed_failures_of)
             self.check_workers()
         except BaseException:
             self.close()
@@ -352,13 +265,11 @@ class DaskExecutor:
                             for host, a in crowded.items())
                 + f". Give the '{TIMING_RESOURCE}' resource to one worker per host.")
         try:
-            infos = self.client.run(_worker_info)
+            infos = self.client.run(worker_info)
         except Exception as exc:
             raise RuntimeError(f"attnbench cannot run on a worker of {self.spec}: "
                                f"{type(exc).__name__}: {exc}; install attnbench on every "
                                "worker") from None
-        import attnbench
-
         stale = {address: info["attnbench"] for address, info in infos.items()
                  if info["attnbench"] != attnbench.__version__}
         if stale:
