@@ -54,8 +54,8 @@ from attnbench.measure.intervals import (
 )
 from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
 
-__all__ = ["NOISE_TARGET", "Probe", "Timing", "format_samples", "interleaved", "measure",
-           "median_interval", "parse_samples", "peak_extra_memory", "ratio_interval",
+__all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "format_samples", "interleaved",
+           "measure", "median_interval", "parse_samples", "peak_extra_memory", "ratio_interval",
            "rss_peak_supported"]
 
 #: A median is "noisy" while its 95% interval's half-width exceeds this fraction of it.
@@ -259,6 +259,16 @@ class Probe:
     def disturbed(self, reading: float) -> bool:
         """True if ``reading`` is slower than the best by more than ``tolerance``."""
         return self.slowdown(reading) > 1 + self.tolerance
+
+
+_PROCESS_PROBE: list = []  # the process's default probe, made on first use
+
+
+def default_probe() -> Probe:
+    """This process's :class:`Probe` (one per process: its best reading is the baseline)."""
+    if not _PROCESS_PROBE:
+        _PROCESS_PROBE.append(Probe())
+    return _PROCESS_PROBE[0]
 
 
 class _Series:

@@ -49,7 +49,7 @@ from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
-from attnbench.measure.timing import measure, peak_extra_memory
+from attnbench.measure.timing import default_probe, measure, peak_extra_memory
 from attnbench.sweep.grid import MASK_KINDS, Point
 
 __all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
@@ -308,7 +308,10 @@ class PointRunner:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
-        timing = measure(call, warmup=1, repeat=7, min_time=1e-3, max_time=self.max_time)
+        # Up to 15 samples in max_time, then rounds within as much again while the
+        # median's interval is wide or the probe sees interference (measure.timing).
+        timing = measure(call, warmup=1, repeat=15, min_time=1e-3, max_time=self.max_time,
+                         budget=self.max_time, probe=default_probe())
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
         result = {
@@ -316,10 +319,16 @@ class PointRunner:
             "median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
             "q75_ms": timing.q75 * 1e3, "iqr_ms": timing.iqr * 1e3, "min_ms": timing.min * 1e3,
             "runs": timing.runs, "calls": timing.calls, "gflops": gflops(flops, timing.median),
+            **timing.row_columns(),
         }
         peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
+        pct = 100 * result["gflops"] / peak_gemm
+        if pct > 100:  # impossible: a disturbed peak or timing, never a result
+            result["fault"] = (f"{pct:.0f}% of the GEMM peak measured in this run: a "
+                               "measurement fault (the peak or this point was disturbed)")
+            pct = np.nan
         result.update(gemm_peak_gflops=peak_gemm, peak_source=CPU_PEAK_SOURCE,
-                      pct_of_gemm_peak=100 * result["gflops"] / peak_gemm,
+                      pct_of_gemm_peak=pct,
                       threads=self.threads(point.backend),
                       call_overhead_ms=self.smallest_call(point)[0] * 1e3,
                       peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],
