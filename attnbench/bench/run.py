@@ -73,7 +73,8 @@ from attnbench.measure.machine import (
     summary_lines,
 )
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
-from attnbench.measure.timing import Timing, measure, peak_extra_memory
+from attnbench.measure.timing import Timing, default_probe, fault, peak_extra_memory
+from attnbench.measure.timing import interleaved as timing_interleaved
 
 __all__ = ["COLUMNS", "QUICK", "TARGET_COLUMNS", "BenchConfig", "command", "run_bench",
            "targets_table"]
@@ -139,41 +140,20 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
 
 #: Rounds are tripled for shapes whose batches all take less than this (s): bursts of
 #: load from other processes last seconds, and more rounds keep them out of the median.
-SHORT_BATCH_SECONDS = 0.25
+REMEASURE_SECONDS = 2.0  # further interleaved rounds while a median is noisy
 
 
 def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time: float,
                 settle: float = SETTLE_SECONDS) -> dict[str, Timing]:
-    """Time every call in interleaved rounds with :func:`attnbench.measure.timing.measure`.
+    """Time every call in interleaved rounds: :func:`attnbench.measure.timing.interleaved`.
 
-    The first round warms each call up (one untimed call: compilation, first touch) and
-    picks its batch size (calls per sample, grown until a batch lasts ``min_time``);
-    every later round takes one batch of each call in turn, starting one call further on
-    each round (so that no call always follows the same one).  ``rounds`` rounds in all,
-    three times as many where every batch is shorter than :data:`SHORT_BATCH_SECONDS`.
-    Each batch is followed by a pause of ``settle`` seconds so that the threads it woke
-    go idle.
+    ``rounds`` rounds (after one warm-up call and the calibration of each call's batch to
+    ``min_time``), a pause of ``settle`` seconds after each batch, the process probe read
+    every round, then more rounds within :data:`REMEASURE_SECONDS` while a median's
+    interval is wide or the probe saw interference.
     """
-    samples: dict[str, list[float]] = {}
-    numbers: dict[str, int] = {}
-    for name, call in calls.items():
-        first = measure(call, warmup=1, repeat=1, min_repeat=1, min_time=min_time)
-        samples[name], numbers[name] = list(first.samples), first.number
-        time.sleep(settle)
-    longest = max((samples[name][0] * numbers[name] for name in calls), default=0.0)
-    if longest < SHORT_BATCH_SECONDS:
-        rounds *= 3
-    names = list(calls)
-    for round_ in range(1, rounds):
-        # Each round starts with the next call, so that no call always follows the same
-        # one (whatever the previous call leaves behind: caches, freed memory, threads).
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            call = calls[name]
-            timing = measure(call, warmup=0, repeat=1, min_repeat=1, number=numbers[name])
-            samples[name].extend(timing.samples)
-            time.sleep(settle)
-    return {name: Timing(samples=tuple(samples[name]), number=numbers[name], warmup=1)
-            for name in calls}
+    return timing_interleaved(calls, rounds=rounds, min_time=min_time, settle=settle,
+                              budget=REMEASURE_SECONDS, probe=default_probe())
 
 
 def _timing_columns(timing: Timing) -> dict:
@@ -601,8 +581,9 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
     pct = peak_rows.set_index(["D", "L"])["pct_of_gemm_peak"]
     add("fraction of the float32 GEMM peak",
         f"non-causal, L >= {config.peak_min_length}, D in {list(config.peak_head_sizes)}",
-        ", ".join(f"D={D} L={L}: {p:.0f}%" for (D, L), p in pct.items()), ">= 50%",
-        bool((pct >= 50).all()) if len(pct) else None)
+        ", ".join(f"D={D} L={L}: {p:.0f}%" if p <= 100 else f"D={D} L={L}: fault ({p:.0f}%)"
+                  for (D, L), p in pct.items()), ">= 50%",
+        bool((pct >= 50).all()) if len(pct) and (pct <= 100).all() else None)
     if True in config.causal and False in config.causal:
         causal_rows = table[(table["section"] == "causal") & ok]
         timed = causal_rows.pivot_table(index="L", columns="causal", values="median_ms")
@@ -633,8 +614,10 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
     if len(parallel) == 2:
         times = parallel.set_index("threads")["median_ms"]
         speedup = times[1] / times[times.index.max()]
+        impossible = fault(speedup, times.index.max(), "speed-up over 1 thread")
         add(f"parallel efficiency, {int(times.index.max())} threads vs 1",
-            f"L={config.parallel_length}", f"{speedup:.2f}x", ">= 1.8x", bool(speedup >= 1.8))
+            f"L={config.parallel_length}", impossible or f"{speedup:.2f}x", ">= 1.8x",
+            None if impossible else bool(speedup >= 1.8))
     startup = table[(table["section"] == "startup") & ok
                     & table["variant"].str.startswith("import")]
     if len(startup):

@@ -54,7 +54,8 @@ from attnbench.measure.intervals import (
 )
 from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
 
-__all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "format_samples", "interleaved",
+__all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_samples",
+           "interleaved",
            "measure", "median_interval", "parse_samples", "peak_extra_memory", "ratio_interval",
            "rss_peak_supported"]
 
@@ -259,6 +260,19 @@ class Probe:
     def disturbed(self, reading: float) -> bool:
         """True if ``reading`` is slower than the best by more than ``tolerance``."""
         return self.slowdown(reading) > 1 + self.tolerance
+
+
+def fault(value: float, limit: float, what: str) -> str:
+    """A message if ``value`` exceeds what can be true, else ``""``.
+
+    A fraction of a peak above 100% or a parallel speed-up above the thread count is not
+    a result: the peak or the point was measured while disturbed.  Callers print the
+    message instead of the figure.
+    """
+    if value > limit:
+        return (f"measurement fault: {what} {value:.3g} exceeds {limit:g}, which cannot be; "
+                "the machine was disturbed during this or the reference measurement")
+    return ""
 
 
 _PROCESS_PROBE: list = []  # the process's default probe, made on first use
