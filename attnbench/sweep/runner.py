@@ -49,7 +49,7 @@ from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, gflops
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
-from attnbench.measure.timing import default_probe, measure, peak_extra_memory
+from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
 from attnbench.sweep.grid import MASK_KINDS, Point
 
 __all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
@@ -323,9 +323,8 @@ class PointRunner:
         }
         peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
         pct = 100 * result["gflops"] / peak_gemm
-        if pct > 100:  # impossible: a disturbed peak or timing, never a result
-            result["fault"] = (f"{pct:.0f}% of the GEMM peak measured in this run: a "
-                               "measurement fault (the peak or this point was disturbed)")
+        result["fault"] = fault(pct, 100, "% of the GEMM peak")  # never a result if > 100
+        if result["fault"]:
             pct = np.nan
         result.update(gemm_peak_gflops=peak_gemm, peak_source=CPU_PEAK_SOURCE,
                       pct_of_gemm_peak=pct,
