@@ -328,9 +328,39 @@ def _bench(args) -> int:
     return bench_run.command(args)
 
 
+def _add_compare(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="compare two result folders: ratios with intervals, CI exit status",
+        description=(
+            "Compare the sweeps of two result folders (two commits, two machines, before and "
+            "after): for every point measured in both, the ratio of the medians B / A with a "
+            "95%% bootstrap interval over the samples, and whether the change is significant "
+            "(the whole interval on one side of 1). Writes OUT/compare.csv and compare.png. "
+            "Exit status: 0, 1 if a point regressed (the whole interval above 1 + "
+            "THRESHOLD), 2 if a folder holds no sweep or the two share no point."),
+    )
+    parser.add_argument("before", metavar="A", type=Path, help="the baseline results folder")
+    parser.add_argument("after", metavar="B", type=Path, help="the results folder to judge")
+    parser.add_argument("--threshold", type=float, default=0.10,
+                        help="relative slow-down a significant change must exceed to be a "
+                             "regression (default: %(default)s)")
+    parser.add_argument("--quantity", choices=("time", "cpu"), default="time",
+                        help="wall-clock time or process CPU time (default: %(default)s)")
+    parser.add_argument("--out", type=Path,
+                        help="where to write compare.csv and compare.png (default: B/compare)")
+    parser.set_defaults(handler=_compare)
+
+
+def _compare(args) -> int:
+    from attnbench.compare import command
+
+    return command(args)
+
+
 #: Subcommands: name -> function adding its parser.
 COMMANDS = {"run": _add_run, "sweep": _add_sweep, "report": _add_report,
-            "verify": _add_verify, "params": _add_params, "bench": _add_bench}
+            "verify": _add_verify, "params": _add_params, "bench": _add_bench,
+            "compare": _add_compare}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,7 +77,7 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     if measured.empty:
         print("Scaling: no series varies a parameter over 3 or more values.", file=file)
         return
-    print("Scaling (least squares on log-log axes, 95% CI):", file=file)
+    print("Scaling (exponent [95% interval]; time: wall clock, cpu: CPU time):", file=file)
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
         if "group" in measured:  # results of several hosts: say which

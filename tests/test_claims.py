@@ -16,11 +16,13 @@ from attnbench.claims.rules import (
     ERROR,
     FAILS,
     HOLDS,
+    INCONCLUSIVE,
     VERDICTS,
     Result,
     about,
     loglog_slope,
     rounds_to,
+    side,
 )
 
 #: Claims whose verdict rests on timings; their verdicts are not asserted here.
@@ -152,12 +154,13 @@ def test_c27_c29_flop_counts():
 # --- judging rules, with injected measurements -----------------------------------------------
 
 JUDGE_C29 = [
-    # time ratio, FLOP ratio, layer FLOP ratio -> verdict
-    pytest.param(7.0, 7.11, 2.84, CAVEAT, id="about-7-attention-only"),
-    pytest.param(6.0, 7.11, 2.84, CAVEAT, id="6.0-within-15pct"),
-    pytest.param(5.9, 7.11, 2.84, FAILS, id="5.9-too-slow-a-drop"),
-    pytest.param(8.2, 7.11, 2.84, FAILS, id="8.2-too-fast"),
-    pytest.param(7.0, 5.0, 2.84, FAILS, id="flops-not-7"),
+    # (time ratio, its 95% interval), FLOP ratio, layer FLOP ratio -> verdict
+    pytest.param((7.0, 6.8, 7.2), 7.11, 2.84, CAVEAT, id="about-7-attention-only"),
+    pytest.param((6.0, 5.97, 6.05), 7.11, 2.84, CAVEAT, id="6.0-interval-within-15pct"),
+    pytest.param((5.9, 5.8, 5.94), 7.11, 2.84, FAILS, id="5.9-interval-too-slow-a-drop"),
+    pytest.param((6.0, 5.8, 6.2), 7.11, 2.84, INCONCLUSIVE, id="interval-straddles-5.95"),
+    pytest.param((8.2, 8.1, 8.3), 7.11, 2.84, FAILS, id="8.2-too-fast"),
+    pytest.param((7.0, 6.8, 7.2), 5.0, 2.84, FAILS, id="flops-not-7"),
 ]
 
 
@@ -170,22 +173,32 @@ def test_judge_c29(time_ratio, flop_ratio, layer_ratio, verdict):
         assert f"{layer_ratio:.1f}" in condition
 
 
-@pytest.mark.parametrize("time_slope, flop_slope, verdict", [
-    (1.98, 2.0, HOLDS), (1.7, 2.0, CAVEAT), (2.3, 2.0, CAVEAT), (2.0, 1.0, FAILS)])
-def test_judge_c12(time_slope, flop_slope, verdict):
-    assert checks_cost.judge_c12(time_slope, 0.05, flop_slope)[0] == verdict
+@pytest.mark.parametrize("interval, flop_slope, verdict", [
+    ((1.95, 2.02), 2.0, HOLDS), ((1.6, 1.7), 2.0, CAVEAT), ((2.3, 2.4), 2.0, CAVEAT),
+    ((1.7, 2.1), 2.0, INCONCLUSIVE), ((1.94, 2.61), 2.0, INCONCLUSIVE),
+    ((1.95, 2.02), 1.0, FAILS)])
+def test_judge_c12(interval, flop_slope, verdict):
+    assert checks_cost.judge_c12(interval, flop_slope)[0] == verdict
 
 
 @pytest.mark.parametrize("is_view, share, verdict", [
-    (True, 0.5, HOLDS), (False, 0.003, CAVEAT), (False, 0.2, FAILS)])
+    (True, (0.4, 0.6), HOLDS), (False, (0.002, 0.004), CAVEAT), (False, (0.1, 0.3), FAILS),
+    (False, (0.04, 0.06), INCONCLUSIVE)])
 def test_judge_c18(is_view, share, verdict):
     assert checks_cost.judge_c18(is_view, share)[0] == verdict
 
 
 def test_judge_c27():
-    assert checks_cost.judge_c27(True, 12, 1.9)[0] == CAVEAT
-    assert "1.90" in checks_cost.judge_c27(True, 12, 1.9)[1]
-    assert checks_cost.judge_c27(False, 12, 1.0)[0] == FAILS
+    assert checks_cost.judge_c27(True, 12, (1.9, 1.8, 2.0))[0] == CAVEAT
+    assert "1.90× [1.80, 2.00]" in checks_cost.judge_c27(True, 12, (1.9, 1.8, 2.0))[1]
+    assert checks_cost.judge_c27(False, 12, (1.0, 0.9, 1.1))[0] == FAILS
+
+
+def test_side_of_an_interval():
+    assert side(1.0, 2.0, 0.5, 2.5) == "inside"
+    assert side(3.0, 4.0, 0.5, 2.5) == "outside" and side(0.0, 0.4, 0.5, 2.5) == "outside"
+    assert side(2.0, 3.0, 0.5, 2.5) == "straddles"
+    assert side(float("nan"), 1.0, 0.5, 2.5) == "straddles"
 
 
 # --- the machinery -----------------------------------------------------------------------------
@@ -254,3 +267,4 @@ def test_cpu_timing_restores_the_thread_count():
                                 cpu=True)
     assert numba.get_num_threads() == before
     assert times["sum"]["median"] > 0 and times["sum"]["samples"] >= 3
+    assert times["sum"]["ci_low"] <= times["sum"]["median"] <= times["sum"]["ci_high"]

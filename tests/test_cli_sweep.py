@@ -21,7 +21,7 @@ def test_sweep_from_flags_writes_the_results_and_the_fits(tmp_path, capsys):
     assert set(table["kv_heads"]) == {1} and set(table["mask"]) == {"none", "padding"}
     assert (tmp_path / "sweep.json").exists() and (tmp_path / "scaling.csv").exists()
     fits = pd.read_csv(tmp_path / "scaling.csv")
-    assert set(fits["quantity"]) == {"time", "flops", "memory"}
+    assert set(fits["quantity"]) == {"time", "cpu", "flops", "memory"}  # cpu: the work
     printed = capsys.readouterr().out
     assert "Sweep: 12 points: numba 6, numpy 6" in printed and "Scaling" in printed
     assert main(["report", str(tmp_path)]) == 0

@@ -95,48 +95,27 @@ from attnbench.measure.problems import (
     load_average,
     make_inputs,
 )
-from attnbench.measure.timing import Timing, measure, peak_extra_memory
+from attnbench.measure.timing import Timing, default_probe, peak_extra_memory
+from attnbench.measure.timing import interleaved as timing_interleaved
 
 # --- timing ---------------------------------------------------------------------------------
 
 
-#: Rounds are tripled for shapes whose batches all take less than this (s): bursts of
-#: load from other processes last seconds, and more rounds keep them out of the median.
-SHORT_BATCH_SECONDS = 0.25
+#: Further interleaved rounds (s) while a median is noisy.
+REMEASURE_SECONDS = 2.0
 
 
 def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time: float,
                 settle: float = SETTLE_SECONDS) -> dict[str, Timing]:
-    """Time every call in interleaved rounds with :func:`attnbench.measure.timing.measure`.
+    """Time every call in interleaved rounds: :func:`attnbench.measure.timing.interleaved`.
 
-    The first round warms each call up (one untimed call: compilation, first touch) and
-    picks its batch size (calls per sample, grown until a batch lasts ``min_time``);
-    every later round takes one batch of each call in turn, starting one call further on
-    each round (so that no call always follows the same one).  ``rounds`` rounds in all,
-    three times as many where every batch is shorter than :data:`SHORT_BATCH_SECONDS`.
-    Each batch is followed by a pause of ``settle`` seconds so that the threads it woke
-    go idle.
+    ``rounds`` rounds (after one warm-up call and the calibration of each call's batch to
+    ``min_time``), a pause of ``settle`` seconds after each batch, the process probe read
+    every round, then more rounds within :data:`REMEASURE_SECONDS` while a median's
+    interval is wide or the probe saw interference.
     """
-    samples: dict[str, list[float]] = {}
-    numbers: dict[str, int] = {}
-    for name, call in calls.items():
-        first = measure(call, warmup=1, repeat=1, min_repeat=1, min_time=min_time)
-        samples[name], numbers[name] = list(first.samples), first.number
-        time.sleep(settle)
-    longest = max((samples[name][0] * numbers[name] for name in calls), default=0.0)
-    if longest < SHORT_BATCH_SECONDS:
-        rounds *= 3
-    names = list(calls)
-    for round_ in range(1, rounds):
-        # Each round starts with the next call, so that no call always follows the same
-        # one (whatever the previous call leaves behind: caches, freed memory, threads).
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            call = calls[name]
-            timing = measure(call, warmup=0, repeat=1, min_repeat=1, number=numbers[name])
-            samples[name].extend(timing.samples)
-            time.sleep(settle)
-    return {name: Timing(samples=tuple(samples[name]), number=numbers[name], warmup=1)
-            for name in calls}
+    return timing_interleaved(calls, rounds=rounds, min_time=min_time, settle=settle,
+                              budget=REMEASURE_SECONDS, probe=default_probe())
 
 
 def _timing_columns(timing: Timing) -> dict:

@@ -9,7 +9,10 @@ C29) are judged on single-threaded CPU time, which stays put on a busy shared ma
 (there, wall-clock ratios of small calls swing by 2-3x); C29 also reports the
 multi-threaded wall-clock ratio.  Each timing check separates measuring from judging:
 ``judge_cNN`` is a pure function of the measured numbers, so the rule can be tested with
-injected measurements while the measurement itself varies with the machine.
+injected measurements while the measurement itself varies with the machine.  Judges take
+the measured *interval* (95%: a bootstrap over the samples) and decide only when the whole
+interval is on one side of the claim's boundary (:func:`attnbench.claims.rules.side`);
+otherwise the verdict is inconclusive, so that it does not flip from run to run.
 """
 
 from __future__ import annotations
@@ -18,19 +21,25 @@ import numpy as np
 
 import kernels
 from attnbench.claims.rules import (
+    ABOUT_RELATIVE,
     CAVEAT,
     FAILS,
     HOLDS,
+    INCONCLUSIVE,
     Result,
     about,
     interleaved_medians,
     load_average,
     loglog_slope,
+    ratio,
     rounds_to,
+    side,
 )
 from attnbench.measure.flops import attention_flops
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
+from attnbench.studies.fits import fit_scaling
+from attnbench.studies.scaling import TOLERANCE
 from kernels import reference
 
 
@@ -103,34 +112,42 @@ def c11() -> Result:
         details="Shares from attnbench.studies.params (see its table for what each group counts).")
 
 
-#: Sequence lengths of the C12 timing fit; shape (B, H, L, D) = (1, 1, L, 64).
-C12_LENGTHS = (256, 512, 1024, 2048)
+#: Sequence lengths of the C12 timing fit: 7 near-geometric points over 16x; shape
+#: (B, H, L, D) = (1, 1, L, 64).
+C12_LENGTHS = (128, 208, 320, 512, 800, 1280, 2048)
 
 
-def judge_c12(time_slope: float, time_ci: float, flop_slope: float) -> tuple[str, str]:
-    """Verdict on O(n²) from the measured slopes: holds if the FLOP count's slope is 2 (to
-    1e-6) and the time's slope is within 0.25 of 2; holds-with-caveat if only the FLOPs are
-    quadratic; does-not-hold if the FLOPs are not.  Returns (verdict, condition)."""
+def judge_c12(time_interval: tuple[float, float], flop_slope: float) -> tuple[str, str]:
+    """Verdict on O(n²) from the measured exponents: does-not-hold if the FLOP count's slope
+    is not 2 (to 1e-6); holds if the whole 95% interval of the time's exponent lies within
+    2 ± TOLERANCE (:mod:`attnbench.studies.scaling`); holds-with-caveat (quadratic in
+    FLOPs only) if it lies wholly outside; inconclusive if it straddles.  Returns
+    (verdict, condition)."""
     if abs(flop_slope - 2) > 1e-6:
         return FAILS, ""
-    if abs(time_slope - 2) <= 0.25:
+    low, high = time_interval
+    where = side(low, high, 2 - TOLERANCE, 2 + TOLERANCE)
+    if where == "inside":
         return HOLDS, ""
-    return CAVEAT, (f"in FLOPs (exact slope 2); the measured time grew as L^{time_slope:.2f} "
-                    f"± {time_ci:.2f} over these L on this machine")
+    if where == "outside":
+        return CAVEAT, (f"in FLOPs (exact slope 2); the measured time grew as L^[{low:.2f}, "
+                        f"{high:.2f}] over these L on this machine")
+    return INCONCLUSIVE, ""
 
 
 def c12() -> Result:
-    """Rule: :func:`judge_c12` on the log-log slopes of time (kernels.attention, single-thread
-    CPU time, interleaved medians) and exact FLOPs against L over :data:`C12_LENGTHS`.
-    Memory is measured alongside (tracemalloc peak; reference vs the fused kernel) and
-    reported in the measured text."""
+    """Rule: :func:`judge_c12` on the exponent of the cost (kernels.attention, single-thread
+    CPU time, interleaved, fitted as c + a·L^p with a bootstrap interval over the samples,
+    :func:`attnbench.studies.fits.fit_scaling`) and of the exact FLOPs against L over
+    :data:`C12_LENGTHS`.  Memory is measured alongside (tracemalloc peak; reference vs the
+    fused kernel) and reported in the measured text."""
     rng = np.random.default_rng(30)
     inputs = {L: [_randn(rng, 1, 1, L, 64) for _ in range(3)] for L in C12_LENGTHS}
     times = interleaved_medians(
         {L: (lambda qkv=qkv: kernels.attention(*qkv)) for L, qkv in inputs.items()},
-        rounds=2, max_time=0.05, cpu=True)
+        rounds=3, max_time=0.03, cpu=True)
     medians = [times[L]["median"] for L in C12_LENGTHS]
-    time_slope, time_ci = loglog_slope(C12_LENGTHS, medians)
+    fit = fit_scaling(C12_LENGTHS, [times[L]["timing"].samples for L in C12_LENGTHS])
     flops = [attention_flops(1, 1, L, L, 64) for L in C12_LENGTHS]
     flop_slope, _ = loglog_slope(C12_LENGTHS, flops)
     memory = {}
@@ -142,39 +159,48 @@ def c12() -> Result:
             peaks.append(peak_extra_memory(lambda q=q, b=backend: kernels.attention(q, q, q,
                                                                                     backend=b)))
         memory[backend] = loglog_slope(sizes, peaks)[0]
-    verdict, condition = judge_c12(time_slope, time_ci, flop_slope)
-    values = {"lengths": list(C12_LENGTHS), "median_seconds": medians, "time_slope": time_slope,
-              "time_slope_ci": time_ci, "flop_slope": flop_slope,
+    verdict, condition = judge_c12((fit.ci_low, fit.ci_high), flop_slope)
+    values = {"lengths": list(C12_LENGTHS), "median_seconds": medians, "time_slope": fit.slope,
+              "time_slope_low": fit.ci_low, "time_slope_high": fit.ci_high,
+              "time_overhead_seconds": fit.overhead, "best_class": fit.best_class,
+              "class_share": fit.class_share, "flop_slope": flop_slope,
+              "samples": [times[L]["samples"] for L in C12_LENGTHS],
               "memory_slope_reference": memory["reference"],
               "memory_slope_numba": memory["numba"], "load_average": load_average()}
-    measured = (f"CPU time ∝ L^{time_slope:.2f} ± {time_ci:.2f} (95 %; one thread; L = "
+    measured = (f"CPU time ∝ L^{fit.slope:.2f} [{fit.ci_low:.2f}, {fit.ci_high:.2f}] (95%, "
+                f"c + a·L^p, bootstrap over the samples; best class {fit.best_class} in "
+                f"{fit.class_share:.0%} of resamples; one thread; L = "
                 f"{', '.join(map(str, C12_LENGTHS))}, 1 head, d 64: "
-                f"{', '.join(f'{m * 1e3:.1f}' for m in medians)} ms); FLOPs ∝ L^{flop_slope:.2f};"
-                f" peak memory ∝ L^{memory['reference']:.2f} (reference) vs "
+                f"{', '.join(f'{m * 1e3:.2f}' for m in medians)} ms); FLOPs ∝ "
+                f"L^{flop_slope:.2f}; peak memory ∝ L^{memory['reference']:.2f} (reference) vs "
                 f"L^{memory['numba']:.2f} (fused numba)")
     return Result(verdict, measured, condition=condition, values=values,
                   details="Compute is O(L²); memory is O(L²) only when the L×L scores are "
-                          "materialised: the fused kernel (online softmax) needs O(L).")
+                          "materialised: the fused kernel (online softmax) needs O(L). "
+                          f"Holds when the whole interval lies within 2 ± {TOLERANCE}.")
 
 
-def judge_c18(is_view: bool, copy_share: float) -> tuple[str, str]:
+def judge_c18(is_view: bool, share_interval: tuple[float, float]) -> tuple[str, str]:
     """Verdict on "the concat costs nothing": holds if merging the heads is a view (no copy);
-    holds-with-caveat if it copies but takes under 5 % of the attention call it follows;
-    does-not-hold otherwise.  Returns (verdict, condition)."""
+    if it copies, holds-with-caveat when the whole 95% interval of its share of the
+    attention call it follows is under 5 %, does-not-hold when wholly at or above,
+    inconclusive otherwise.  Returns (verdict, condition)."""
     if is_view:
         return HOLDS, ""
-    if copy_share < 0.05:
+    low, high = share_interval
+    where = side(low, high, 0.0, 0.05)
+    if where == "inside":
         return CAVEAT, (f"no arithmetic, but not free: a transpose + reshape copies the "
-                        f"B·L·d_model outputs, {copy_share:.1%} of the attention call's time "
-                        "here")
-    return FAILS, ""
+                        f"B·L·d_model outputs, {low:.1%}–{high:.1%} of the attention call's "
+                        "time here")
+    return (FAILS, "") if where == "outside" else (INCONCLUSIVE, "")
 
 
 def c18() -> Result:
     """Rule: :func:`judge_c18` on whether kernels.reference.merge_heads returns a view of the
     batched result (np.shares_memory) and on its time relative to the attention call that
     produced it (BERT-base shape: 12 heads, L = 512, d_head = 64; single-thread CPU time,
-    interleaved medians)."""
+    interleaved, ratio interval by bootstrap)."""
     rng = np.random.default_rng(31)
     q = _randn(rng, 1, 12, 512, 64)
     heads = kernels.attention(q, q, q)  # (1, 12, 512, 64)
@@ -184,15 +210,16 @@ def c18() -> Result:
     times = interleaved_medians({"merge": lambda: reference.merge_heads(heads),
                                  "attention": lambda: kernels.attention(q, q, q)},
                                 rounds=2, max_time=0.1, cpu=True)
-    share = times["merge"]["median"] / times["attention"]["median"]
-    verdict, condition = judge_c18(is_view, share)
+    share, low, high = ratio(times, "merge", "attention")
+    verdict, condition = judge_c18(is_view, (low, high))
     values = {"merge_is_view": is_view, "split_is_view": split_view,
               "merge_seconds": times["merge"]["median"],
-              "attention_seconds": times["attention"]["median"], "share": share}
+              "attention_seconds": times["attention"]["median"], "share": share,
+              "share_low": low, "share_high": high}
     measured = (f"merge_heads (1, 12, 512, 64) → {merged.shape}: view of the heads: {is_view} "
                 f"(a copy); {times['merge']['median'] * 1e6:.0f} µs vs "
                 f"{times['attention']['median'] * 1e3:.1f} ms for the attention (CPU time) "
-                f"({share:.1%}); split_heads is a view: {split_view}")
+                f"({share:.1%} [{low:.1%}, {high:.1%}]); split_heads is a view: {split_view}")
     return Result(verdict, measured, condition=condition, values=values,
                   details="The copy is O(L·d_model) memory traffic, no FLOPs; PyTorch's "
                           ".transpose().contiguous().view() copies the same way.")
@@ -213,16 +240,19 @@ def c24() -> Result:
                   values={"d_head": d_head, "default_scale_is_one_eighth": same})
 
 
-def judge_c27(flops_equal: bool, exp_ratio: float, time_ratio: float) -> tuple[str, str]:
+def judge_c27(flops_equal: bool, exp_ratio: float,
+              time_ratio: tuple[float, float, float]) -> tuple[str, str]:
     """Verdict on "12 heads of 64 cost the same as one head of 768": does-not-hold if the
     matmul FLOPs differ; otherwise holds-with-caveat, since the softmax work (exp count) and
     the score matrix are H times larger (``exp_ratio``), with the measured time ratio
-    (12×64 / 1×768) in the condition.  Returns (verdict, condition)."""
+    (12×64 / 1×768: ratio, low, high of its 95% interval) in the condition; the verdict
+    does not rest on the timing.  Returns (verdict, condition)."""
     if not flops_equal:
         return FAILS, ""
+    value, low, high = time_ratio
     return CAVEAT, (f"in matmul FLOPs (equal); the softmax work and L×L scores are "
                     f"{exp_ratio:.0f}× larger with 12 heads, and the measured cost was "
-                    f"{time_ratio:.2f}× that of one 768-wide head")
+                    f"{value:.2f}× [{low:.2f}, {high:.2f}] that of one 768-wide head")
 
 
 def c27() -> Result:
@@ -236,15 +266,17 @@ def c27() -> Result:
     times = interleaved_medians({"12x64": lambda: kernels.attention(q12, q12, q12),
                                  "1x768": lambda: kernels.attention(q1, q1, q1)},
                                 rounds=2, max_time=0.1, cpu=True)
-    ratio = times["12x64"]["median"] / times["1x768"]["median"]
+    time_ratio = ratio(times, "12x64", "1x768")
     exp_ratio = (12 * L * L) / (1 * L * L)
-    verdict, condition = judge_c27(flops12 == flops1, exp_ratio, ratio)
+    verdict, condition = judge_c27(flops12 == flops1, exp_ratio, time_ratio)
     values = {"flops_12x64": flops12, "flops_1x768": flops1, "exp_ratio": exp_ratio,
-              "time_ratio": ratio, "seconds_12x64": times["12x64"]["median"],
+              "time_ratio": time_ratio[0], "time_ratio_low": time_ratio[1],
+              "time_ratio_high": time_ratio[2], "seconds_12x64": times["12x64"]["median"],
               "seconds_1x768": times["1x768"]["median"], "load_average": load_average()}
     measured = (f"L = {L}: FLOPs {flops12:,} vs {flops1:,}; exps {12 * L * L:,} vs {L * L:,}; "
                 f"CPU time (one thread) {times['12x64']['median'] * 1e3:.1f} ms vs "
-                f"{times['1x768']['median'] * 1e3:.1f} ms (ratio {ratio:.2f})")
+                f"{times['1x768']['median'] * 1e3:.1f} ms (ratio {time_ratio[0]:.2f} "
+                f"[{time_ratio[1]:.2f}, {time_ratio[2]:.2f}])")
     return Result(verdict, measured, condition=condition, values=values,
                   details="Projections (4·d_model² per token) are the same either way.")
 
@@ -265,17 +297,24 @@ def c28() -> Result:
                   values={"no_bias": no_bias, "with_bias": with_bias, "twelve_layers": twelve})
 
 
-def judge_c29(time_ratio: float, flop_ratio: float, layer_flop_ratio: float) -> tuple[str, str]:
-    """Verdict on "512 → 192 makes attention about 7× faster": the FLOP ratio must round to
-    7 (6.5–7.5) and the measured time ratio be "about 7" (±15 %: 5.95–8.05); then
-    holds-with-caveat, since the whole encoder layer (projections and MLP, linear in L)
-    speeds up only by ``layer_flop_ratio``.  does-not-hold if either fails.  Returns
+def judge_c29(time_ratio: tuple[float, float, float], flop_ratio: float,
+              layer_flop_ratio: float) -> tuple[str, str]:
+    """Verdict on "512 → 192 makes attention about 7× faster": does-not-hold if the FLOP
+    ratio does not round to 7 (6.5–7.5).  Otherwise the measured time ratio (ratio, low,
+    high of its 95% interval) is judged against "about 7" (±15 %: 5.95–8.05):
+    holds-with-caveat if the whole interval is inside (the whole encoder layer, whose
+    projections and MLP are linear in L, speeds up only by ``layer_flop_ratio``);
+    does-not-hold if it is wholly outside; inconclusive if it straddles an end.  Returns
     (verdict, condition)."""
-    if not rounds_to(flop_ratio, 7, 1) or not about(time_ratio, 7):
+    if not rounds_to(flop_ratio, 7, 1):
         return FAILS, ""
-    return CAVEAT, (f"for the attention alone (measured {time_ratio:.1f}×); a whole BERT-base "
-                    f"layer, whose projections and MLP are linear in L, does "
-                    f"{layer_flop_ratio:.1f}× fewer FLOPs")
+    value, low, high = time_ratio
+    where = side(low, high, 7 * (1 - ABOUT_RELATIVE), 7 * (1 + ABOUT_RELATIVE))
+    if where == "inside":
+        return CAVEAT, (f"for the attention alone (measured {value:.1f}× [{low:.1f}, "
+                        f"{high:.1f}]); a whole BERT-base layer, whose projections and MLP "
+                        f"are linear in L, does {layer_flop_ratio:.1f}× fewer FLOPs")
+    return (FAILS, "") if where == "outside" else (INCONCLUSIVE, "")
 
 
 def bert_layer_flops(L: int, d: int = 768, d_ff: int = 3072) -> int:
@@ -296,22 +335,27 @@ def c29() -> Result:
                  192: lambda: kernels.attention(q192, q192, q192)}
     cost = interleaved_medians(functions, rounds=3, max_time=0.1, cpu=True)
     wall = interleaved_medians(functions, rounds=2, max_time=0.1)
-    time_ratio = cost[512]["median"] / cost[192]["median"]
-    wall_ratio = wall[512]["median"] / wall[192]["median"]
+    time_ratio = ratio(cost, 512, 192)
+    wall_ratio = ratio(wall, 512, 192)
     flop_ratio = attention_flops(1, 12, 512, 512, 64) / attention_flops(1, 12, 192, 192, 64)
     layer_ratio = bert_layer_flops(512) / bert_layer_flops(192)
     verdict, condition = judge_c29(time_ratio, flop_ratio, layer_ratio)
-    values = {"time_ratio": time_ratio, "flop_ratio": flop_ratio,
+    values = {"time_ratio": time_ratio[0], "time_ratio_low": time_ratio[1],
+              "time_ratio_high": time_ratio[2], "flop_ratio": flop_ratio,
               "layer_flop_ratio": layer_ratio, "cpu_seconds_512": cost[512]["median"],
-              "cpu_seconds_192": cost[192]["median"], "wall_ratio_threaded": wall_ratio,
+              "cpu_seconds_192": cost[192]["median"], "wall_ratio_threaded": wall_ratio[0],
+              "wall_ratio_threaded_low": wall_ratio[1], "wall_ratio_threaded_high": wall_ratio[2],
               "wall_seconds_512": wall[512]["median"], "wall_seconds_192": wall[192]["median"],
               "load_average": load_average()}
     measured = (f"kernels.attention (1, 12, L, 64), CPU time on one thread: "
                 f"{cost[512]['median'] * 1e3:.1f} ms at 512 vs {cost[192]['median'] * 1e3:.2f} "
-                f"ms at 192, ratio {time_ratio:.2f}; FLOP ratio (512/192)² = {flop_ratio:.2f}; "
+                f"ms at 192, ratio {time_ratio[0]:.2f} [{time_ratio[1]:.2f}, "
+                f"{time_ratio[2]:.2f}] (95%); FLOP ratio (512/192)² = {flop_ratio:.2f}; "
                 f"whole BERT-base layer FLOP ratio {layer_ratio:.2f}; wall clock with all "
-                f"threads: ratio {wall_ratio:.2f} (load average {values['load_average']:.1f})")
+                f"threads: ratio {wall_ratio[0]:.2f} [{wall_ratio[1]:.2f}, "
+                f"{wall_ratio[2]:.2f}] (load average {values['load_average']:.1f})")
     return Result(verdict, measured, condition=condition, values=values,
-                  details="Ratios from interleaved medians in this run. The verdict uses the "
+                  details="Ratios of interleaved medians in this run, 95% intervals by "
+                          "bootstrap over the samples. The verdict uses the "
                           "single-thread CPU time (the cost); the threaded wall-clock ratio "
                           "depends on machine load and thread scheduling.")

@@ -9,29 +9,42 @@ Shared by the claims ledger (:mod:`attnbench.claims.ledger`) and its check modul
   unit of the last quoted digit).
 - "about X" for a ratio or a share matches within ±:data:`ABOUT_RELATIVE` (15 %):
   :func:`about`.
-- Timing ratios come from calls interleaved in the same run (:func:`interleaved_medians`);
-  claims about cost use single-threaded CPU time, which other processes on a shared
-  machine do not distort.
+- Timing ratios come from calls interleaved in the same run (:func:`interleaved_medians`,
+  a thin call into :func:`attnbench.measure.timing.interleaved`), with a 95% bootstrap
+  interval (:func:`ratio`); claims about cost use single-threaded CPU time, which other
+  processes on a shared machine do not distort.
+- A measured number is judged by its whole interval (:func:`side`): a verdict holds or
+  does not hold only when the whole interval is on one side of the boundary; an interval
+  that straddles it gives :data:`INCONCLUSIVE`, and says so.  So the same machine gives the
+  same verdict run after run, instead of one that flips with the noise.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import time
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
+from attnbench.measure.timing import default_probe, interleaved, ratio_interval
+from attnbench.studies.fits import fit_power_law
+
 __all__ = [
-    "ABOUT_RELATIVE", "CAVEAT", "ERROR", "FAILS", "HOLDS", "VERDICTS", "Result", "about",
-    "interleaved_medians", "load_average", "loglog_slope", "rounds_to",
+    "ABOUT_RELATIVE", "CAVEAT", "ERROR", "FAILS", "HOLDS", "INCONCLUSIVE", "VERDICTS",
+    "Result", "about", "interleaved_medians", "load_average", "loglog_slope", "ratio",
+    "rounds_to", "side",
 ]
 
 HOLDS = "holds"
 CAVEAT = "holds-with-caveat"
 FAILS = "does-not-hold"
+#: The measured interval straddles the claim's boundary: this run cannot decide.
+INCONCLUSIVE = "inconclusive"
 ERROR = "error"
 #: Every verdict word, in the order the summary lists them.
-VERDICTS = (HOLDS, CAVEAT, FAILS, ERROR)
+VERDICTS = (HOLDS, CAVEAT, FAILS, INCONCLUSIVE, ERROR)
 
 #: "about X" matches a measured value within this relative distance.
 ABOUT_RELATIVE = 0.15
@@ -45,6 +58,24 @@ def rounds_to(measured: float, stated: float, unit: float) -> bool:
 def about(measured: float, stated: float, rel: float = ABOUT_RELATIVE) -> bool:
     """True if ``measured`` is within ``rel`` (relative) of ``stated``: "about X"."""
     return abs(measured - stated) <= rel * abs(stated)
+
+
+def side(low: float, high: float, lower: float, upper: float) -> str:
+    """Where the interval ``[low, high]`` lies against the range ``[lower, upper]``.
+
+    Returns
+    -------
+    str
+        ``"inside"`` (wholly within), ``"outside"`` (wholly beyond one end) or
+        ``"straddles"`` (across an end, or no interval: nan bounds).
+    """
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "straddles"
+    if lower <= low and high <= upper:
+        return "inside"
+    if high < lower or low > upper:
+        return "outside"
+    return "straddles"
 
 
 @dataclass
@@ -65,17 +96,19 @@ class Result:
 
 
 def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0.05,
-                        cpu: bool = False) -> dict[str, dict]:
+                        cpu: bool = False, budget: float = 1.0) -> dict[str, dict]:
     """Time several functions in alternation, so that load changes hit them all alike.
 
-    Each function is warmed up (compilation excluded), then ``rounds`` times in turn timed
-    with :func:`attnbench.measure.timing.measure` (at least 3 samples, ``max_time`` each).
+    A thin call into :func:`attnbench.measure.timing.interleaved`: each function is
+    warmed up (compilation excluded) and calibrated to batches of ``max_time / 3``; then
+    ``3 · rounds`` alternating rounds, and more within ``budget`` seconds while a median's
+    interval is wider than the timing core's target, the process probe read every round.
 
     Parameters
     ----------
     functions : dict
         name -> callable without arguments.
-    rounds, max_time
+    rounds, max_time, budget
         See above.
     cpu : bool, default False
         Measure the *cost* instead of the wall-clock time: Numba runs on one thread
@@ -88,56 +121,36 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
     Returns
     -------
     dict
-        name -> {"median": s, "iqr": s, "samples": n}, over all samples of that function.
+        name -> {"median": s, "iqr": s, "samples": n, "ci_low": s, "ci_high": s,
+        "noisy": bool, "timing": :class:`~attnbench.measure.timing.Timing`}.
     """
-    import time
-
-    from attnbench.measure.timing import measure
-
     clock = time.process_time if cpu else time.perf_counter
-    previous = None
+    previous = numba.get_num_threads()
     if cpu:
-        import numba
-
-        previous = numba.get_num_threads()
         numba.set_num_threads(1)
     try:
-        for fn in functions.values():
-            fn()
-        samples = {name: [] for name in functions}
-        for _ in range(rounds):
-            for name, fn in functions.items():
-                samples[name].extend(measure(fn, warmup=0, repeat=3, max_time=max_time,
-                                             clock=clock).samples)
+        timings = interleaved(functions, rounds=3 * rounds, min_time=max_time / 3,
+                              budget=budget, probe=default_probe(), clock=clock)
     finally:
-        if previous is not None:
-            import numba
+        numba.set_num_threads(previous)
+    return {name: {"median": t.median, "iqr": t.iqr, "samples": t.runs, "ci_low": t.ci95[0],
+                   "ci_high": t.ci95[1], "noisy": t.noisy, "timing": t}
+            for name, t in timings.items()}
 
-            numba.set_num_threads(previous)
-    out = {}
-    for name, values in samples.items():
-        q25, median, q75 = np.percentile(values, [25, 50, 75])
-        out[name] = {"median": float(median), "iqr": float(q75 - q25), "samples": len(values)}
-    return out
+
+def ratio(times: dict, numerator, denominator) -> tuple[float, float, float]:
+    """``(ratio, low, high)`` of two medians of :func:`interleaved_medians` (bootstrap 95%)."""
+    return ratio_interval(times[numerator]["timing"].samples,
+                          times[denominator]["timing"].samples)
 
 
 def load_average() -> float:
     """The 1-minute load average (nan where the OS has none), recorded beside timings."""
-    import os
-
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def loglog_slope(x, y) -> tuple[float, float]:
-    """Least-squares slope of log y against log x and the half-width of its 95 % interval."""
-    lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
-    n = len(lx)
-    slope, intercept = np.polyfit(lx, ly, 1)
-    if n <= 2:
-        return float(slope), float("nan")
-    residual = ly - (slope * lx + intercept)
-    stderr = math.sqrt(residual @ residual / (n - 2) / ((lx - lx.mean()) @ (lx - lx.mean())))
-    # two-sided 97.5 % quantiles of Student's t for 1..10 degrees of freedom, then normal
-    t = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-    quantile = t[n - 3] if n - 2 <= len(t) else 1.96
-    return float(slope), float(quantile * stderr)
+    """Least-squares slope of log y against log x and the half-width of its 95 % interval
+    (:func:`attnbench.studies.fits.fit_power_law`, for exact or deterministic values)."""
+    fit = fit_power_law(x, y)
+    return fit.slope, fit.ci95

@@ -231,7 +231,9 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
     """The machine's measured dense GEMM throughput with NumPy's BLAS, in GFLOP/s.
 
     Times ``a @ b`` for square ``n x n`` matrices (``2·n³`` FLOPs) with
-    :func:`attnbench.measure.timing.measure` and returns the FLOPs over the median time: what
+    :func:`attnbench.measure.timing.measure` and returns the FLOPs over the *fastest*
+    product (the maximum over the probes: interference only ever slows a product down, so
+    one disturbed measurement cannot lower the peak and push a "% of peak" above 100): what
     this machine's BLAS actually reaches on all its threads, measured in this process so
     kernels can be compared against it side by side.
 
@@ -242,7 +244,7 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
         Matrix size; large enough for the BLAS to reach its plateau on a few cores
         (2.1 GFLOP per product), small enough to take milliseconds.
     repeat : int, default 7
-        Timed products (the median is used); one untimed warm-up comes first.
+        Timed products (the fastest is used); one untimed warm-up comes first.
     max_time : float, default 2.0
         Time budget in seconds (see :func:`attnbench.measure.timing.measure`).
 
@@ -256,4 +258,4 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
     out = np.empty((n, n), dtype=dtype)
     timing = measure(lambda: np.matmul(a, b, out=out), repeat=repeat, max_time=max_time,
                      number=1)
-    return 2 * n**3 / timing.median / 1e9
+    return 2 * n**3 / timing.min / 1e9

@@ -1,45 +1,90 @@
-"""The timing core every backend shares, and the peak extra memory of a call.
+"""The timing core every measurement shares, and the peak extra memory of a call.
 
-:func:`measure` calls a function a few times untimed first (the warm-up absorbs Numba
-compilation, first-touch page faults and cache fills), then times batches of calls
-with :func:`time.perf_counter`.  Calls too short for the timer are batched, as
-:meth:`timeit.Timer.autorange` does: the batch size grows 1, 2, 5, 10, 20, 50, ... until
-one batch lasts ``min_time``.  Batches are repeated up to ``repeat`` times within a
-wall-clock budget of ``max_time`` seconds (but at least ``min_repeat`` times).  The
-result keeps every sample, and reports the median and the interquartile range rather
-than the mean: timing noise is one-sided (interrupts, other processes) and skewed.
+Measuring (after pyperf and asv):
 
-The garbage collector is off while timing (as :mod:`timeit` does).
+- **Warm-up excluded.**  :func:`measure` calls a function a few times untimed first (the
+  warm-up absorbs Numba compilation, first-touch page faults and cache fills).
+- **Calibration.**  Calls too short for the timer are batched, as
+  :meth:`timeit.Timer.autorange` does: the batch size ("inner calls", ``number``) grows
+  1, 2, 5, 10, 20, 50, ... until one batch lasts ``min_time``; a sample is the batch's time
+  divided by ``number``, and the :class:`Timing` reports ``number``.
+- **Many samples; median with a bootstrap interval.**  Batches are repeated ``repeat``
+  times within ``max_time`` seconds (at least ``min_repeat`` times).  Every sample is kept;
+  the summary is the median (timing noise is one-sided and skewed: interrupts, other
+  processes) with a 95% percentile-bootstrap interval (:func:`median_interval`,
+  :func:`scipy.stats.bootstrap`, fixed seed: the same samples give the same interval).
+- **CPU time beside wall time.**  Each sample records the wall clock and the process's
+  and the calling thread's CPU time (:func:`time.process_time`, :func:`time.thread_time`).
+  CPU time is the *work* (it does not grow while the process waits for a core another
+  process holds); wall time is the *speed*.
+- **Noise detection and re-measurement.**  Given a time ``budget``, sampling goes on in
+  rounds until the interval's relative half-width is at most ``target`` or the budget is
+  spent; a :class:`Probe` (a fixed small GEMM timed between rounds) exposes interference,
+  and rounds the probe saw disturbed are set aside when enough quiet ones exist.  The
+  :class:`Timing` says how many samples it took and whether it is still ``noisy``.
+- **Interleaving.**  :func:`interleaved` times several functions in alternating rounds, so
+  that a change of machine load hits them all alike (a ratio is measured side by side).
 
-:func:`peak_extra_memory` reports the peak memory a call needs on top of what was
-allocated before it; see its notes for what each method can and cannot see.
+All clocks are arguments, so the statistics are testable with a synthetic clock.  The
+garbage collector is off while timing (as :mod:`timeit` does).
+
+Intervals live in :mod:`attnbench.measure.intervals`; :func:`peak_extra_memory` (the peak
+memory a call needs on top of what was allocated before it) in
+:mod:`attnbench.measure.memory`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
+import math
 import time
-import tracemalloc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Timing", "measure", "peak_extra_memory"]
+from attnbench.measure.intervals import (
+    MIN_INTERVAL_SAMPLES,
+    format_samples,
+    median_interval,
+    parse_samples,
+    ratio_interval,
+)
+from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
+
+__all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_samples",
+           "interleaved",
+           "measure", "median_interval", "parse_samples", "peak_extra_memory", "ratio_interval",
+           "rss_peak_supported"]
+
+#: A median is "noisy" while its 95% interval's half-width exceeds this fraction of it.
+NOISE_TARGET = 0.03
+#: A probe slower than its best time by more than this fraction means interference.
+PROBE_TOLERANCE = 0.3
+
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
 class Timing:
     """Timing samples of one function, in seconds per call; warm-up calls excluded."""
 
-    samples: tuple[float, ...]  # seconds per call, one per timed batch
-    number: int  # calls per batch: a sample is the batch's time / number
+    samples: tuple[float, ...]  # wall seconds per call, one per timed batch (kept ones)
+    number: int  # calls per batch (calibrated): a sample is the batch's time / number
     warmup: int  # untimed calls made before the first batch
+    cpu_samples: tuple[float, ...] = ()  # process CPU seconds per call, batch by batch
+    thread_samples: tuple[float, ...] = ()  # calling thread's CPU seconds per call
+    taken: int = 0  # samples taken in all, set-aside ones included (0: = runs)
+    rounds: int = 1  # sampling rounds (more than 1: re-measured)
+    target: float = NOISE_TARGET  # relative interval half-width aimed at
+    probe_slowdown: float = math.nan  # median probe time / its best (nan: no probe)
+    set_aside: tuple[float, ...] = field(default=(), repr=False)  # disturbed samples
 
     @property
     def runs(self) -> int:
-        """Number of timed batches (samples)."""
+        """Number of timed batches (samples) the statistics use."""
         return len(self.samples)
 
     @property
@@ -70,16 +115,71 @@ class Timing:
     def min(self) -> float:
         return float(min(self.samples))
 
+    @cached_property
+    def ci95(self) -> tuple[float, float]:
+        """95% bootstrap interval of the median (:func:`median_interval`)."""
+        return median_interval(self.samples)
+
+    @property
+    def rel_halfwidth(self) -> float:
+        """Half the interval's width over the median (nan without an interval)."""
+        low, high = self.ci95
+        return (high - low) / 2 / self.median if self.median > 0 else math.nan
+
+    @property
+    def cpu_median(self) -> float:
+        """Median process CPU seconds per call (nan if not recorded)."""
+        return float(np.median(self.cpu_samples)) if self.cpu_samples else math.nan
+
+    @property
+    def thread_cpu_median(self) -> float:
+        """Median CPU seconds per call of the calling thread (nan if not recorded)."""
+        return float(np.median(self.thread_samples)) if self.thread_samples else math.nan
+
+    @property
+    def noisy(self) -> bool:
+        """Interval wider than ``target`` (or none), or a probe that saw interference."""
+        width = self.rel_halfwidth
+        disturbed = self.probe_slowdown > 1 + PROBE_TOLERANCE
+        return bool(not width <= self.target or disturbed)
+
     def as_dict(self) -> dict:
         """The summary statistics (seconds) and counts, flat, for a table row."""
+        low, high = self.ci95
         return {
             "median_s": self.median, "q25_s": self.q25, "q75_s": self.q75,
             "iqr_s": self.iqr, "min_s": self.min, "runs": self.runs, "number": self.number,
+            "ci_low_s": low, "ci_high_s": high, "cpu_median_s": self.cpu_median,
+            "thread_cpu_median_s": self.thread_cpu_median,
+            "samples_taken": self.taken or self.runs, "rounds": self.rounds,
+            "probe_slowdown": self.probe_slowdown, "noisy": self.noisy,
+        }
+
+    def row_columns(self) -> dict:
+        """Columns a sweep row adds beside ``median_ms``: interval, CPU time, samples, noise.
+
+        ``samples_ms`` holds every kept sample in ms, space-separated (a CSV cell), so
+        that fits and comparisons can resample them.
+        """
+        low, high = self.ci95
+        return {
+            "ci_low_ms": low * 1e3, "ci_high_ms": high * 1e3,
+            "cpu_median_ms": self.cpu_median * 1e3,
+            "thread_cpu_median_ms": self.thread_cpu_median * 1e3,
+            "number": self.number, "samples_taken": self.taken or self.runs,
+            "rounds": self.rounds, "probe_slowdown": self.probe_slowdown,
+            "noisy": self.noisy, "samples_ms": format_samples(self.samples),
+            "cpu_samples_ms": format_samples(self.cpu_samples),
         }
 
     def __str__(self) -> str:
-        return (f"{self.median * 1e3:.4g} ms (IQR {self.iqr * 1e3:.2g} ms, "
-                f"{self.runs} runs x {self.number} calls)")
+        low, high = self.ci95
+        noisy = ", noisy" if self.noisy else ""
+        return (f"{self.median * 1e3:.4g} ms [{low * 1e3:.4g}, {high * 1e3:.4g}] "
+                f"(IQR {self.iqr * 1e3:.2g} ms, {self.runs} runs x {self.number} calls{noisy})")
+
+
+# --- sampling ---------------------------------------------------------------------------------
 
 
 def _batch_sizes():
@@ -89,18 +189,142 @@ def _batch_sizes():
             yield base * 10**power
 
 
-def _time_batch(fn: Callable[[], object], number: int, clock: Callable[[], float]) -> float:
-    start = clock()
-    for _ in range(number):
-        fn()
-    return clock() - start
+@dataclass(frozen=True)
+class _Clocks:
+    wall: Clock = time.perf_counter
+    cpu: Clock = time.process_time
+    thread: Clock = time.thread_time
+
+    def batch(self, fn: Callable[[], object], number: int) -> tuple[float, float, float]:
+        """``(wall, process CPU, thread CPU)`` seconds of ``number`` calls (the whole batch)."""
+        cpu, thread = self.cpu(), self.thread()
+        start = self.wall()
+        for _ in range(number):
+            fn()
+        wall = self.wall() - start
+        return wall, self.cpu() - cpu, self.thread() - thread
+
+    def calibrate(self, fn, min_time: float, max_time: float) -> tuple[int, tuple]:
+        """``(number, first batch)``: the batch size whose batch lasts ``min_time``."""
+        start = self.wall()
+        for number in _batch_sizes():
+            batch = self.batch(fn, number)
+            if batch[0] >= min_time or self.wall() - start >= max_time:
+                return number, batch
+        raise AssertionError("unreachable")
+
+
+class Probe:
+    """A fixed small workload timed between sampling rounds: a gauge of interference.
+
+    Parameters
+    ----------
+    fn : callable, optional
+        The workload; by default a 64 x 64 float64 matrix product (a few µs: BLAS, caches
+        and the core, as the kernels use them).
+    min_time : float, default 2e-4
+        Calibrated batch length of one probe reading, in seconds.
+    clock : callable, default time.perf_counter
+    tolerance : float, default PROBE_TOLERANCE
+        A reading slower than the best one by more than this fraction is "disturbed".
+    """
+
+    def __init__(self, fn: Callable[[], object] | None = None, *, min_time: float = 2e-4,
+                 clock: Clock = time.perf_counter, tolerance: float = PROBE_TOLERANCE):
+        if fn is None:
+            matrix = np.random.default_rng(0).standard_normal((64, 64))
+            fn = lambda: matrix @ matrix  # noqa: E731
+        self.fn, self.min_time, self.tolerance = fn, min_time, tolerance
+        self.clocks = _Clocks(wall=clock, cpu=clock, thread=clock)
+        self.number: int | None = None
+        self.readings: list[float] = []  # seconds per call
+
+    def __call__(self) -> float:
+        """Time the probe once; seconds per call."""
+        if self.number is None:
+            self.fn()  # warm-up
+            self.number, _ = self.clocks.calibrate(self.fn, self.min_time, 1.0)
+        wall = self.clocks.batch(self.fn, self.number)[0] / self.number
+        self.readings.append(wall)
+        return wall
+
+    @property
+    def best(self) -> float:
+        """The fastest reading so far: the quiet machine."""
+        return min(self.readings) if self.readings else math.nan
+
+    def slowdown(self, reading: float) -> float:
+        """``reading / best``."""
+        return reading / self.best
+
+    def disturbed(self, reading: float) -> bool:
+        """True if ``reading`` is slower than the best by more than ``tolerance``."""
+        return self.slowdown(reading) > 1 + self.tolerance
+
+
+def fault(value: float, limit: float, what: str) -> str:
+    """A message if ``value`` exceeds what can be true, else ``""``.
+
+    A fraction of a peak above 100% or a parallel speed-up above the thread count is not
+    a result: the peak or the point was measured while disturbed.  Callers print the
+    message instead of the figure.
+    """
+    if value > limit:
+        return (f"measurement fault: {what} {value:.3g} exceeds {limit:g}, which cannot be; "
+                "the machine was disturbed during this or the reference measurement")
+    return ""
+
+
+_PROCESS_PROBE: list = []  # the process's default probe, made on first use
+
+
+def default_probe() -> Probe:
+    """This process's :class:`Probe` (one per process: its best reading is the baseline)."""
+    if not _PROCESS_PROBE:
+        _PROCESS_PROBE.append(Probe())
+    return _PROCESS_PROBE[0]
+
+
+class _Series:
+    """The samples of one function, round by round, and what the probe read around them."""
+
+    def __init__(self, number: int, warmup: int, target: float):
+        self.number, self.warmup, self.target = number, warmup, target
+        self.rounds: list[list[tuple[float, float, float]]] = []  # per round: batches
+        self.probe_readings: list[float] = []  # one per round (the slower of before/after)
+
+    def new_round(self) -> None:
+        self.rounds.append([])
+
+    def add(self, batch: tuple[float, float, float]) -> None:
+        self.rounds[-1].append(tuple(value / self.number for value in batch))
+
+    def timing(self, probe: Probe | None) -> Timing:
+        """Set aside the rounds the probe saw disturbed if enough quiet samples remain."""
+        quiet = list(range(len(self.rounds)))
+        slowdowns = []
+        if probe is not None and len(self.probe_readings) == len(self.rounds):
+            slowdowns = [probe.slowdown(reading) for reading in self.probe_readings]
+            calm = [i for i in quiet if slowdowns[i] <= 1 + probe.tolerance]
+            if sum(len(self.rounds[i]) for i in calm) >= MIN_INTERVAL_SAMPLES:
+                quiet = calm
+        kept = [s for i in quiet for s in self.rounds[i]]
+        aside = [s[0] for i, r in enumerate(self.rounds) if i not in quiet for s in r]
+        slowdown = float(np.median([slowdowns[i] for i in quiet])) if slowdowns else math.nan
+        wall, cpu, thread = (tuple(column) for column in zip(*kept, strict=True))
+        return Timing(samples=wall, number=self.number, warmup=self.warmup, cpu_samples=cpu,
+                      thread_samples=thread, taken=len(kept) + len(aside),
+                      rounds=len(self.rounds), target=self.target, probe_slowdown=slowdown,
+                      set_aside=tuple(aside))
 
 
 def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
             min_time: float = 1e-3, max_time: float = 1.0, min_repeat: int = 3,
-            number: int | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Time ``fn()``: median and spread over repeated batches, warm-up excluded.
+            number: int | None = None, clock: Clock = time.perf_counter,
+            cpu_clock: Clock = time.process_time, thread_clock: Clock = time.thread_time,
+            target: float = NOISE_TARGET, budget: float = 0.0, probe: Probe | None = None,
+            max_samples: int = 500) -> Timing:
+    """Time ``fn()``: median, bootstrap interval and spread over batches, warm-up excluded.
 
     Parameters
     ----------
@@ -109,12 +333,12 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     warmup : int, default 1
         Untimed calls first; they absorb JIT compilation and first-touch costs.
     repeat : int, default 7
-        Number of timed batches wanted.
+        Number of timed batches wanted in the first round.
     min_time : float, default 1e-3
         Shortest batch, in seconds, when ``number`` is chosen automatically; ``perf_counter``
         resolves ~100 ns, so a 1 ms batch is timed to ~1e-4 relative precision.
     max_time : float, default 1.0
-        Wall-clock budget, in seconds, for the timed batches (the warm-up is not counted).
+        Wall-clock budget, in seconds, for the first round (the warm-up is not counted).
         No batch is started that is expected to end past it once ``min_repeat`` batches
         exist, so slow calls get fewer samples rather than a longer run.
     min_repeat : int, default 3
@@ -122,8 +346,19 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     number : int, optional
         Calls per batch; by default grown 1, 2, 5, 10, ... until a batch lasts ``min_time``
         (that calibration batch is the first sample: all its calls come after the warm-up).
-    clock : callable, default time.perf_counter
-        Returns seconds; a fake clock makes the statistics testable.
+    clock, cpu_clock, thread_clock : callable
+        Wall clock (:func:`time.perf_counter`), process CPU time and thread CPU time, in
+        seconds; synthetic clocks make the statistics testable.
+    target : float, default NOISE_TARGET
+        Relative half-width of the median's 95% interval below which it is not noisy.
+    budget : float, default 0
+        Seconds of further rounds (each of ``max(repeat, 5)`` batches, the probe read
+        before and after) while the timing is noisy.  0: one round, as before.
+    probe : Probe, optional
+        Read around every round; rounds it saw disturbed are set aside when at least
+        :data:`MIN_INTERVAL_SAMPLES` quiet samples remain.
+    max_samples : int, default 500
+        No further round once this many samples were taken.
 
     Returns
     -------
@@ -135,121 +370,122 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     if number is not None and number < 1:
         raise ValueError(f"number must be >= 1 or None; got {number}")
     min_repeat = min(min_repeat, repeat)
+    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(warmup):
             fn()
+        reading = probe() if probe is not None else None
         start = clock()
-        samples = []
+        first = None
         if number is None:  # autorange; the batch that reaches min_time is the first sample
-            for number in _batch_sizes():
-                elapsed = _time_batch(fn, number, clock)
-                if elapsed >= min_time or clock() - start >= max_time:
-                    break
-            samples.append(elapsed / number)
-        while len(samples) < repeat:
-            expected_end = clock() - start + number * float(np.mean(samples) if samples else 0)
-            if len(samples) >= min_repeat and expected_end > max_time:
-                break
-            samples.append(_time_batch(fn, number, clock) / number)
+            number, first = clocks.calibrate(fn, min_time, max_time)
+        series = _Series(number, warmup, target)
+        series.new_round()
+        if first is not None:
+            series.add(first)
+        _fill_round(fn, clocks, series, repeat, min_repeat, start, max_time)
+        if probe is not None:
+            series.probe_readings.append(max(reading, probe()))
+        extra_start = clock()
+        while (clock() - extra_start < budget and series.timing(probe).noisy
+               and sum(map(len, series.rounds)) < max_samples):
+            reading = probe() if probe is not None else None
+            series.new_round()
+            _fill_round(fn, clocks, series, max(repeat, 5), 1, extra_start, budget)
+            if probe is not None:
+                series.probe_readings.append(max(reading, probe()))
     finally:
         if gc_was_enabled:
             gc.enable()
-    return Timing(samples=tuple(samples), number=number, warmup=warmup)
+    return series.timing(probe)
 
 
-# --- memory ---------------------------------------------------------------------------------
+def _fill_round(fn, clocks: _Clocks, series: _Series, repeat: int, min_repeat: int,
+                start: float, max_time: float) -> None:
+    """Add batches to the last round until it has ``repeat`` or the next would end late."""
+    current = series.rounds[-1]
+    while len(current) < repeat:
+        mean = float(np.mean([s[0] for s in current])) if current else 0.0
+        if len(current) >= min_repeat and clocks.wall() - start + series.number * mean > max_time:
+            break
+        series.add(clocks.batch(fn, series.number))
 
 
-def _proc_status_bytes(field: str) -> int:
-    """A ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {field} field")
+def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
+                warmup: int = 1, settle: float = 0.0, target: float = NOISE_TARGET,
+                budget: float = 0.0, probe: Probe | None = None, max_rounds: int = 200,
+                clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
+                thread_clock: Clock = time.thread_time,
+                sleep: Callable[[float], object] = time.sleep) -> dict:
+    """Time several functions in alternating rounds, so that load changes hit them all alike.
 
-
-def _reset_rss_high_water_mark() -> None:
-    """Reset the kernel's peak-RSS counter (VmHWM) to the current RSS (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-
-
-def rss_peak_supported() -> bool:
-    """True if the ``"rss"`` method of :func:`peak_extra_memory` works here (Linux, /proc)."""
-    try:
-        _reset_rss_high_water_mark()
-        _proc_status_bytes("VmHWM")
-    except OSError:
-        return False
-    return True
-
-
-def peak_extra_memory(fn: Callable[[], object], *, method: str = "tracemalloc",
-                      warmup: int = 1) -> int:
-    """Peak memory, in bytes, that ``fn()`` holds on top of what existed before the call.
+    Each function is warmed up and calibrated (its ``number`` of inner calls, as in
+    :func:`measure`; that batch is its first sample).  Then every round takes one batch of
+    each function in turn, starting one function further on each round (no function
+    always follows the same one), the probe read before and after.  After ``rounds``
+    rounds, more rounds follow while any function is noisy and ``budget`` seconds are
+    left.
 
     Parameters
     ----------
-    fn : callable
-        Called without arguments, ``warmup`` times untimed and then once measured.
-    method : {"tracemalloc", "rss"}, default "tracemalloc"
-        ``"tracemalloc"``: peak of the bytes allocated through Python's allocators
-        during the call.  ``"rss"``: rise of the process's resident set size, from the
-        kernel's high-water mark (Linux only).
-    warmup : int, default 1
-        Calls before the measured one, so that JIT compilation (whose memory neither
-        method should charge to the kernel) happens first.
+    functions : dict
+        name -> callable without arguments.
+    rounds : int, default 7
+        Rounds always taken.
+    min_time, warmup, target, probe, clock, cpu_clock, thread_clock
+        As for :func:`measure`.
+    settle : float, default 0
+        Pause after each batch (seconds), so that the threads it woke go idle.
+    budget : float, default 0
+        Seconds for further rounds while some function's median is noisy.
+    max_rounds : int, default 200
+        No round past this many.
+    sleep : callable, default time.sleep
 
     Returns
     -------
-    int
-        Bytes; includes the returned value (e.g. the output array) while it is alive.
-
-    Notes
-    -----
-    ``"tracemalloc"`` sees NumPy arrays (NumPy reports its data buffers to tracemalloc)
-    and the arrays Numba-compiled code allocates: Numba's runtime (NRT) allocates through
-    ``PyMem_RawMalloc`` (set in ``numba/core/runtime/_nrt_pythonmod.c``; checked with 0.68),
-    and tracemalloc hooks that allocator, in Numba's worker threads too (checked with the
-    omp and workqueue threading layers; ``tests/test_timing.py`` checks a 64 MiB array
-    made inside an ``njit`` function).  It does not see memory taken by plain
-    ``malloc``: BLAS work buffers, LLVM, CUDA device memory; nor stack memory.  It counts
-    requested bytes, not pages, and slows allocation-heavy code while it runs.
-
-    ``"rss"`` resets the kernel's peak-RSS counter by writing 5 to /proc/self/clear_refs,
-    calls ``fn`` and reads ``VmHWM`` from /proc/self/status: no sampling, so no peak is
-    missed even while compiled code holds the GIL, and every allocator is seen.  But it
-    counts pages actually touched (``np.empty`` never written costs nothing), misses
-    memory the process reuses from pages it already holds (glibc's free lists, pools), and
-    sees whatever other threads of the process do meanwhile.  Both numbers are lower
-    bounds on what the call needs on an idle process; use ``"tracemalloc"`` to compare
-    algorithms and ``"rss"`` as a cross-check that nothing big escapes it.
+    dict
+        name -> :class:`Timing`.
     """
-    for _ in range(warmup):
-        fn()
-    gc.collect()
-    if method == "tracemalloc":
-        was_tracing = tracemalloc.is_tracing()
-        if not was_tracing:
-            tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            result = fn()
-            peak = tracemalloc.get_traced_memory()[1]
-            del result
-        finally:
-            if not was_tracing:
-                tracemalloc.stop()
-        return max(peak - before, 0)
-    if method == "rss":
-        before = _proc_status_bytes("VmRSS")
-        _reset_rss_high_water_mark()
-        result = fn()
-        peak = _proc_status_bytes("VmHWM")
-        del result
-        return max(peak - before, 0)
-    raise ValueError(f"method={method!r}; expected 'tracemalloc' or 'rss'")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1; got {rounds}")
+    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock)
+    series: dict = {}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for name, fn in functions.items():
+            for _ in range(warmup):
+                fn()
+            number, first = clocks.calibrate(fn, min_time, math.inf)
+            series[name] = _Series(number, warmup, target)
+            series[name].new_round()
+            series[name].add(first)
+            sleep(settle)
+        if probe is not None:
+            reading = probe()
+            for one in series.values():
+                one.probe_readings.append(reading)
+        names = list(functions)
+        extra_start = None
+        for index in range(1, max_rounds):
+            if index >= rounds:
+                extra_start = clock() if extra_start is None else extra_start
+                if clock() - extra_start >= budget or not any(
+                        one.timing(probe).noisy for one in series.values()):
+                    break
+            before = probe() if probe is not None else None
+            for name in names[index % len(names):] + names[:index % len(names)]:
+                series[name].new_round()
+                series[name].add(clocks.batch(functions[name], series[name].number))
+                sleep(settle)
+            if probe is not None:
+                reading = max(before, probe())
+                for one in series.values():
+                    one.probe_readings.append(reading)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: one.timing(probe) for name, one in series.items()}

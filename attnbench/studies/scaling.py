@@ -1,139 +1,63 @@
 """Scaling analysis: power-law fits of time, memory and FLOPs against L, d_k, heads, batch.
 
-A quantity y that grows as ``c · x^p`` is a straight line of slope p on log-log axes,
-so p is estimated by least squares on ``(log x, log y)`` (:func:`fit_power_law`), with
-a 95% confidence interval from Student's t distribution with n − 2 degrees of freedom
-(a small table, :func:`t_quantile_975`: no SciPy needed).
+Fits (:mod:`attnbench.studies.fits`).  A timing row of a sweep keeps its repeated samples
+(``samples_ms``, and ``cpu_samples_ms`` for the process CPU time).  Where they exist, time
+is fitted as ``t = c + a·x^p`` (c ≥ 0, the fixed overhead of a call: argument checks,
+allocation, thread launch), every point used, and the 95% interval on p comes from a
+bootstrap over the samples (:func:`attnbench.studies.fits.fit_scaling`); the complexity
+class of least residual among O(x), O(x log x), O(x²), O(x³) is reported beside p, with
+the share of resamples that pick it.  Two clocks, two questions: the **wall-clock time**
+(quantity ``time``) is the speed a user sees; the **CPU time** (quantity ``cpu``, all the
+process's threads) is the work, which does not grow while the process waits for a core
+another process holds.
 
-Which points are fitted (:func:`fit_mask`).  A call of fixed overhead c (argument
-checks, allocation, thread launch) on top of work a·x^p takes ``t = c + a·x^p``, whose
-local log-log slope is ``p·(1 − c/t)``: the overhead bends the line down by the
-fraction c/t.  So time points are fitted only where ``t ≥ OVERHEAD_FACTOR · c``
-(bias at most 1/OVERHEAD_FACTOR = 1% of the exponent) and ``t ≥ MIN_FIT_TIME_S``
-(above timer and scheduler noise).  c is the backend's measured time for its smallest
-call (B = H = L = d_k = 1), taken in the same run (the sweep's ``call_overhead_ms``).
+Tables without samples (older sweeps) fall back to least squares on log-log axes with a
+Student-t interval, over the points where ``t ≥ OVERHEAD_FACTOR · c`` (c the backend's
+smallest call, ``call_overhead_ms``) and ``t ≥ MIN_FIT_TIME_S`` (:func:`fit_mask`).
 Memory has a fixed part too (thread buffers, small arrays), which the smallest call's
 peak measures exactly (tracemalloc is deterministic): the fit uses the peak minus that
-(``peak_mem_bytes − base_mem_bytes``), where it is positive.  FLOPs: every point.
+(``peak_mem_bytes − base_mem_bytes``), where it is positive, by least squares (no
+repeated samples: the values do not vary).  FLOPs: every point.
 
-Verdicts (:func:`verdict`) are computed from the numbers: the expected exponent p
-(L² for time and FLOPs against L, linear against d_k, heads and batch; for memory
-against L: linear for the fused numba kernel, quadratic for the backends that build
-the L x L scores; for the fused kernel an upper bound, "at most O(L)") is *confirmed*
-when it lies within the 95% interval widened by
-``MARGIN`` (caches and memory bandwidth bend real timings a little, and an interval
-of ±0.01 would reject a slope of 1.98 that everyone would call quadratic); *not
-confirmed* otherwise; *inconclusive* when the interval is wider than ``MAX_CI``.
+Verdicts (:func:`verdict`) are decided from the whole 95% interval on p, so that a run
+on the same machine gives the same verdict as the last one.  An exponent within
+``TOLERANCE`` of the expected one is "that power" (L², linear in d_k, heads and batch;
+for memory against L: at most linear for the fused numba kernel, quadratic for the
+backends that build the L x L scores).  *Confirmed*: the whole interval lies within
+``expected ± TOLERANCE`` (for an upper bound: below ``expected + TOLERANCE``); *not
+confirmed*: the whole interval lies outside; *inconclusive*: the interval straddles a
+boundary (the text says which), or the fitted overhead c is more than
+``OVERHEAD_DOMINATES`` of the largest point's time (the range says little about growth).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import numpy as np
 import pandas as pd
 
+from attnbench.measure.intervals import parse_samples
 from attnbench.report.sections import Section
+from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
 
-__all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "section",
-           "t_quantile_975", "verdict"]
+__all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "section", "verdict"]
 
-#: Fit time points only where t >= OVERHEAD_FACTOR x the backend's smallest-call time.
+#: Without samples, fit time points only where t >= OVERHEAD_FACTOR x the smallest call ...
 OVERHEAD_FACTOR = 100
 #: ... and where t >= this many seconds.
 MIN_FIT_TIME_S = 1e-3
-#: The expected exponent is confirmed if it lies within the 95% CI widened by MARGIN.
-MARGIN = 0.1
-#: A 95% CI half-width above this is inconclusive.
-MAX_CI = 0.3
-#: Fewest distinct x values a fit needs (two points give a slope but no interval).
+#: An exponent within TOLERANCE of the expected one counts as that power: halfway to
+#: L^2.5, and more than the bend caches give a quadratic kernel over 16x in L.
+TOLERANCE = 0.25
+#: A fit whose fixed overhead is more than this share of its largest point's time says
+#: little about the growth: inconclusive, whatever the interval.
+OVERHEAD_DOMINATES = 0.5
+#: Fewest distinct x values a fit needs.
 MIN_POINTS = 3
-
-# Two-sided 95% quantiles t_{0.975, dof} of Student's t for dof = 1..30, then 40, 60, 120.
-_T_TABLE = {
-    1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060,
-    9: 2.2622, 10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314,
-    16: 2.1199, 17: 2.1098, 18: 2.1009, 19: 2.0930, 20: 2.0860, 21: 2.0796, 22: 2.0739,
-    23: 2.0687, 24: 2.0639, 25: 2.0595, 26: 2.0555, 27: 2.0518, 28: 2.0484, 29: 2.0452,
-    30: 2.0423, 40: 2.0211, 60: 2.0003, 120: 1.9799,
-}
-_Z_975 = 1.959964
-
-
-def t_quantile_975(dof: int) -> float:
-    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom.
-
-    Exact (4 decimals) for dof <= 30 and at 40, 60, 120; in between, interpolated
-    linearly in 1/dof (the standard way to read a t table, error < 1e-3); beyond 120,
-    interpolated between t_120 and the normal quantile 1.96 at 1/dof = 0.
-    """
-    if dof < 1:
-        raise ValueError(f"dof must be >= 1; got {dof}")
-    if dof in _T_TABLE:
-        return _T_TABLE[dof]
-    known = sorted(_T_TABLE) + [np.inf]
-    upper = next(d for d in known if d > dof)
-    lower = max(d for d in known if d < dof)
-    t_lower, t_upper = _T_TABLE[lower], _T_TABLE.get(upper, _Z_975)
-    weight = (1 / lower - 1 / dof) / (1 / lower - (0 if upper == np.inf else 1 / upper))
-    return t_lower + weight * (t_upper - t_lower)
-
-
-@dataclass(frozen=True)
-class PowerFit:
-    """Least-squares fit of ``log y = log c + slope · log x``."""
-
-    slope: float  # the exponent p
-    intercept: float  # log c (natural log)
-    stderr: float  # standard error of the slope (nan with 2 points)
-    ci95: float  # half-width of the slope's 95% confidence interval
-    n: int  # points fitted
-    r2: float  # coefficient of determination on the log scale
-    x_min: float  # the fitted range of x
-    x_max: float
-
-    def predict(self, x):
-        """``c · x^slope``."""
-        return np.exp(self.intercept) * np.asarray(x, dtype=float) ** self.slope
-
-
-def fit_power_law(x, y) -> PowerFit:
-    """Fit ``y = c · x^p`` by least squares on log-log axes.
-
-    Parameters
-    ----------
-    x, y : array_like of positive numbers
-        At least two distinct x.
-
-    Returns
-    -------
-    PowerFit
-        With the slope's standard error and 95% interval (t distribution, n − 2 degrees
-        of freedom; nan for two points, 0 for an exact fit).
-    """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be 1-D of one length; got {x.shape} and {y.shape}")
-    if (x <= 0).any() or (y <= 0).any():
-        raise ValueError("a power-law fit needs positive x and y")
-    if len(np.unique(x)) < 2:
-        raise ValueError(f"need at least two distinct x values; got {np.unique(x).tolist()}")
-    lx, ly = np.log(x), np.log(y)
-    n = len(x)
-    sxx = float(np.sum((lx - lx.mean()) ** 2))
-    slope = float(np.sum((lx - lx.mean()) * (ly - ly.mean())) / sxx)
-    intercept = float(ly.mean() - slope * lx.mean())
-    residuals = ly - (intercept + slope * lx)
-    sst = float(np.sum((ly - ly.mean()) ** 2))
-    r2 = 1 - float(np.sum(residuals**2)) / sst if sst > 0 else 1.0
-    if n > 2:
-        stderr = float(np.sqrt(np.sum(residuals**2) / (n - 2) / sxx))
-        ci95 = t_quantile_975(n - 2) * stderr
-    else:
-        stderr = ci95 = float("nan")
-    return PowerFit(slope=slope, intercept=intercept, stderr=stderr, ci95=ci95, n=n, r2=r2,
-                    x_min=float(x.min()), x_max=float(x.max()))
+#: The quantities fitted, what each measures and the column of its samples.
+CLOCKS = {"time": ("wall-clock time (speed)", "samples_ms", "median_ms"),
+          "cpu": ("CPU time (work)", "cpu_samples_ms", "cpu_median_ms")}
+#: Complexity classes of fits.CLASSES, written for a variable.
+CLASS_NAMES = {"n": "O({v})", "n log n": "O({v} log {v})", "n^2": "O({v}²)", "n^3": "O({v}³)"}
 
 
 _SUPERSCRIPTS = str.maketrans("0123456789-.", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻·")
@@ -150,36 +74,61 @@ def big_o(variable: str, exponent: float) -> str:
     return f"O({variable}{text})"
 
 
+def interval(fit: PowerFit) -> tuple[float, float]:
+    """The slope's 95% interval: ``(ci_low, ci_high)``, or ``slope ± ci95``."""
+    if np.isfinite(fit.ci_low) and np.isfinite(fit.ci_high):
+        return fit.ci_low, fit.ci_high
+    return fit.slope - fit.ci95, fit.slope + fit.ci95
+
+
 def verdict(fit: PowerFit | None, quantity: str, variable: str,
             expected: float | None, *, at_most: bool = False) -> tuple[str, str]:
     """``(outcome, text)``: outcome is confirmed, not confirmed, inconclusive, measured.
 
-    The text reads like ``"time ∝ L^1.98 ± 0.04 → O(L²) confirmed"``.  ``expected``
-    None (no exponent is claimed) gives outcome "measured" and the nearest integer power.
-    ``at_most=True`` checks an upper bound ("at most O(L)"): confirmed when the interval
-    reaches down to ``expected + MARGIN`` or below, whatever the slope's lower end.
+    The text reads like ``"time ∝ L^1.98 [1.95, 2.01] → O(L²) confirmed (best class
+    O(L²), 99% of resamples)"``.  ``expected`` None (no exponent is claimed) gives outcome
+    "measured" and the nearest integer power.  ``at_most=True`` checks an upper bound
+    ("at most O(L)").  See the module docstring for the rule.
     """
     if fit is None or fit.n < MIN_POINTS:
         n = 0 if fit is None else fit.n
         return "inconclusive", (f"{quantity} vs {variable}: {n} usable point(s), a fit needs "
                                 f"{MIN_POINTS}")
-    ci = 0.0 if fit.ci95 == 0 else fit.ci95
-    head = f"{quantity} ∝ {variable}^{fit.slope:.2f} ± {ci:.2f}"
+    low, high = interval(fit)
+    head = (f"{quantity} ∝ {variable}^{fit.slope:.2f} [{low:.2f}, {high:.2f}] "
+            f"({variable} {fit.x_min:g}–{fit.x_max:g})")
+    tail = ""
+    if fit.best_class:
+        tail = (f" (best class {CLASS_NAMES[fit.best_class].format(v=variable)}, "
+                f"{fit.class_share:.0%} of resamples)")
+    closest = f"closest power: {big_o(variable, round(fit.slope))}"
     if expected is None:
-        return "measured", f"{head} (closest power: {big_o(variable, round(fit.slope))})"
+        return "measured", f"{head} ({closest}){tail}"
     claim = big_o(variable, expected)
-    if ci > MAX_CI:
-        return "inconclusive", f"{head} → {claim} inconclusive (95% CI wider than ±{MAX_CI})"
+    lower, upper = expected - TOLERANCE, expected + TOLERANCE
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "inconclusive", f"{head} → {claim} inconclusive: no interval{tail}"
+    if fit.overhead > OVERHEAD_DOMINATES * fit.predict(fit.x_max):
+        return "inconclusive", (f"{head} → {claim} inconclusive: the fixed overhead is "
+                                f"{fit.overhead / fit.predict(fit.x_max):.0%} of the largest "
+                                f"point's time; larger {variable} are needed{tail}")
     if at_most:
-        if fit.slope - ci <= expected + MARGIN:
-            return "confirmed", f"{head} → at most {claim} confirmed"
-        return "not confirmed", (f"{head} → at most {claim} not confirmed: grows faster "
-                                 f"(closest power: {big_o(variable, round(fit.slope))})")
-    if abs(fit.slope - expected) <= ci + MARGIN:
-        return "confirmed", f"{head} → {claim} confirmed"
-    side = "below" if fit.slope < expected else "above"
-    return "not confirmed", (f"{head} → {claim} not confirmed: the slope is {side} {expected:g} "
-                             f"(closest power: {big_o(variable, round(fit.slope))})")
+        if high <= upper:
+            return "confirmed", f"{head} → at most {claim} confirmed{tail}"
+        if low > upper:
+            return "not confirmed", (f"{head} → at most {claim} not confirmed: grows faster "
+                                     f"({closest}){tail}")
+        return "inconclusive", (f"{head} → at most {claim} inconclusive: the interval "
+                                f"straddles {upper:g}{tail}")
+    if lower <= low and high <= upper:
+        return "confirmed", f"{head} → {claim} confirmed{tail}"
+    if high < lower or low > upper:
+        side = "below" if fit.slope < expected else "above"
+        return "not confirmed", (f"{head} → {claim} not confirmed: the slope is {side} "
+                                 f"{expected:g} ± {TOLERANCE:g} ({closest}){tail}")
+    edge = lower if low < lower else upper
+    return "inconclusive", (f"{head} → {claim} inconclusive: the interval straddles "
+                            f"{edge:g}{tail}")
 
 
 #: Point parameters of a sweep table; a fit varies one and holds the others fixed.
@@ -193,18 +142,29 @@ TIME_EXPONENTS = {"L": 2, "d_k": 1, "heads": 1, "batch": 1}
 MEMORY_EXPONENTS = {"numba": (1, True), "reference": (2, False), "numpy": (2, False)}
 
 
+def has_samples(table: pd.DataFrame, quantity: str = "time") -> bool:
+    """True if the table's rows keep the repeated samples of ``quantity`` (time or cpu)."""
+    column = CLOCKS[quantity][1]
+    return column in table and table[column].map(lambda t: parse_samples(t).size >= 2).any()
+
+
 def fit_mask(table: pd.DataFrame, quantity: str) -> pd.Series:
     """Which rows of a sweep table a fit of ``quantity`` may use (see the module docstring)."""
     ok = table["status"] == "ok"
-    if quantity == "time":
+    if quantity in CLOCKS:
+        _, samples, median = CLOCKS[quantity]
+        if has_samples(table, quantity):  # the overhead is in the model: every point
+            return ok & table[samples].map(lambda t: parse_samples(t).size >= 2)
+        if quantity == "cpu" or median not in table:
+            return ok & False
         threshold_ms = np.maximum(OVERHEAD_FACTOR * table["call_overhead_ms"],
                                   MIN_FIT_TIME_S * 1e3)
-        return ok & (table["median_ms"] >= threshold_ms)
+        return ok & (table[median] >= threshold_ms)
     if quantity == "memory":
         return ok & (memory_growth(table) > 0)
     if quantity == "flops":
         return ok & (table["flops"] > 0)
-    raise ValueError(f"quantity {quantity!r}; expected 'time', 'memory' or 'flops'")
+    raise ValueError(f"quantity {quantity!r}; expected one of time, cpu, memory, flops")
 
 
 def memory_growth(table: pd.DataFrame) -> pd.Series:
@@ -213,10 +173,18 @@ def memory_growth(table: pd.DataFrame) -> pd.Series:
     return table["peak_mem_bytes"] - base
 
 
-def _values(series: pd.DataFrame, quantity: str) -> pd.Series:
+def _fit(used: pd.DataFrame, variable: str, quantity: str, data: pd.DataFrame):
+    """The fit of one series' usable rows (None with fewer than 2 distinct x)."""
+    if used[variable].nunique() < 2:
+        return None
+    if quantity in CLOCKS and has_samples(data, quantity):
+        if used[variable].nunique() < MIN_POINTS:
+            return None
+        samples = [parse_samples(text) for text in used[CLOCKS[quantity][1]]]
+        return fit_scaling(used[variable].to_numpy(float), [s * 1e3 for s in samples])
     if quantity == "memory":
-        return memory_growth(series)
-    return series["median_ms" if quantity == "time" else "flops"]
+        return fit_power_law(used[variable], memory_growth(used))
+    return fit_power_law(used[variable], used["median_ms" if quantity == "time" else "flops"])
 
 
 def _group_keys(variable: str) -> list[str]:
@@ -233,23 +201,29 @@ def _expected(quantity: str, variable: str, backend: str) -> tuple[float | None,
     return TIME_EXPONENTS[variable], False
 
 
-def scaling_table(table: pd.DataFrame, quantities=("time", "flops", "memory")) -> pd.DataFrame:
+def scaling_table(table: pd.DataFrame,
+                  quantities=("time", "cpu", "flops", "memory")) -> pd.DataFrame:
     """One fit per (quantity, variable, series): a series holds every parameter but one fixed.
 
     Series with fewer than :data:`MIN_POINTS` distinct values of the variable in all are
     left out; those with enough values but too few usable points get an "inconclusive"
-    row.  Memory is fitted against L only.
+    row.  Memory is fitted against L only; ``cpu`` only where the rows keep CPU samples.
 
     Returns
     -------
     pandas.DataFrame
-        Columns: quantity, variable, the fixed parameters (the varied one is empty),
-        slope, ci95, stderr, n_used, n_points, x_min, x_max, r2, expected, outcome, verdict.
+        Columns: quantity, clock (what the quantity measures), variable, the fixed
+        parameters (the varied one is empty), slope, ci_low, ci_high, ci95 (half-width),
+        stderr, overhead (the fitted fixed part, in the quantity's unit), best_class,
+        class_share, method, n_used, n_points, noisy_points, x_min, x_max, r2, intercept,
+        expected, outcome, verdict.
     """
     data = table[table["status"] == "ok"].copy()
     data["heads_per_kv"] = data["heads"] // data["kv_heads"]
     rows = []
     for quantity in quantities:
+        if quantity == "cpu" and not has_samples(data, "cpu"):
+            continue
         usable = fit_mask(data, quantity)
         for variable in TIME_EXPONENTS:
             if quantity == "memory" and variable != "L":
@@ -259,24 +233,29 @@ def scaling_table(table: pd.DataFrame, quantities=("time", "flops", "memory")) -
                 if series[variable].nunique() < MIN_POINTS:
                     continue
                 used = series[usable.loc[series.index]]
-                fit = None
-                if used[variable].nunique() >= 2:
-                    fit = fit_power_law(used[variable], _values(used, quantity))
+                fit = _fit(used, variable, quantity, data)
                 fixed = dict(zip(keys, key, strict=True))
                 expected, at_most = _expected(quantity, variable, fixed["backend"])
                 outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most)
-                fit_values = asdict(fit) if fit is not None else {}
+                low, high = interval(fit) if fit is not None else (np.nan, np.nan)
+                noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
                 rows.append({
-                    "quantity": quantity, "variable": variable,
-                    **{p: fixed.get(p, "") for p in PARAMETERS},
-                    "slope": fit_values.get("slope", np.nan),
-                    "ci95": fit_values.get("ci95", np.nan),
-                    "stderr": fit_values.get("stderr", np.nan),
-                    "n_used": len(used), "n_points": len(series),
-                    "x_min": fit_values.get("x_min", np.nan),
-                    "x_max": fit_values.get("x_max", np.nan),
-                    "r2": fit_values.get("r2", np.nan),
-                    "intercept": fit_values.get("intercept", np.nan),
+                    "quantity": quantity,
+                    "clock": CLOCKS[quantity][0] if quantity in CLOCKS else "",
+                    "variable": variable, **{p: fixed.get(p, "") for p in PARAMETERS},
+                    "slope": np.nan if fit is None else fit.slope,
+                    "ci_low": low, "ci_high": high,
+                    "ci95": np.nan if fit is None else fit.ci95,
+                    "stderr": np.nan if fit is None else fit.stderr,
+                    "overhead": np.nan if fit is None else fit.overhead,
+                    "best_class": "" if fit is None else fit.best_class,
+                    "class_share": np.nan if fit is None else fit.class_share,
+                    "method": "" if fit is None else fit.method,
+                    "n_used": len(used), "n_points": len(series), "noisy_points": noisy,
+                    "x_min": np.nan if fit is None else fit.x_min,
+                    "x_max": np.nan if fit is None else fit.x_max,
+                    "r2": np.nan if fit is None else fit.r2,
+                    "intercept": np.nan if fit is None else fit.intercept,
                     "expected": np.nan if expected is None else expected,
                     "outcome": outcome, "verdict": text,
                 })
@@ -287,9 +266,11 @@ def fit_from_row(row) -> PowerFit | None:
     """The :class:`PowerFit` of a row of :func:`scaling_table` (None if it has no fit)."""
     if not np.isfinite(row["slope"]):
         return None
+    extra = {name: row[name] for name in ("overhead", "ci_low", "ci_high") if name in row
+             and np.isfinite(row[name])}
     return PowerFit(slope=row["slope"], intercept=row["intercept"], stderr=row["stderr"],
                     ci95=row["ci95"], n=int(row["n_used"]), r2=row["r2"],
-                    x_min=row["x_min"], x_max=row["x_max"])
+                    x_min=row["x_min"], x_max=row["x_max"], **extra)
 
 
 def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
@@ -310,19 +291,26 @@ def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
 
     fits = scaling_table(table) if fits is None else fits
     text = (
-        "Exponents are least-squares slopes on log-log axes, with 95% confidence intervals "
-        "from Student's t distribution (n − 2 degrees of freedom). Time points count only "
-        f"where the median time is at least {OVERHEAD_FACTOR}× the backend's smallest-call "
-        f"time measured in the same run (a fixed overhead c bends the slope by the fraction "
-        f"c/t, so at most {100 / OVERHEAD_FACTOR:g}% here) and at least "
-        f"{MIN_FIT_TIME_S * 1e3:g} ms. Memory: the peak extra memory of one call minus the "
-        "smallest call's (B = H = L = d_k = 1: thread buffers and other fixed costs), "
-        "where that is positive. "
-        f"An expected exponent is confirmed when it lies within the interval widened by "
-        f"±{MARGIN}, and the fit is inconclusive when the interval is wider than ±{MAX_CI}. "
+        "Time is fitted as t = c + a·x^p (c ≥ 0: the fixed overhead of a call, which bends "
+        "a plain log-log line by the fraction c/t), on the medians of every point, "
+        "minimising relative residuals. The 95% interval on p is a percentile bootstrap "
+        "over the repeated samples of every point (each point's samples resampled, the "
+        "medians and the fit recomputed), and the complexity class of least residual among "
+        "O(x), O(x log x), O(x²), O(x³) is given beside p with the share of resamples that "
+        "pick it. Quantity 'time' is the wall-clock time (the speed a user sees); 'cpu' is "
+        "the process's CPU time over all its threads (the work, which does not grow while "
+        "the process waits for a core). Sweeps without samples are fitted by least squares "
+        "on log-log axes (Student-t interval) over the points at least "
+        f"{OVERHEAD_FACTOR}× the backend's smallest call and {MIN_FIT_TIME_S * 1e3:g} ms. "
+        "Memory: the peak extra memory of one call minus the smallest call's (B = H = L = "
+        "d_k = 1: thread buffers and other fixed costs), where that is positive, by least "
+        "squares (tracemalloc is deterministic: no samples to resample). "
+        f"An exponent within ±{TOLERANCE} of the expected one counts as that power; a "
+        "verdict is decided from the whole interval: confirmed when it lies inside, not "
+        "confirmed when it lies outside, inconclusive when it straddles the boundary. "
         "The fused numba kernel promises at most linear memory (O(L·d) working memory, no "
-        "L × L array): its memory verdict checks that upper bound (interval reaching "
-        f"≤ 1 + {MARGIN}); its fixed per-thread buffers make the measured slope smaller "
+        "L × L array): its memory verdict checks that upper bound (interval below "
+        f"1 + {TOLERANCE}); its fixed per-thread buffers make the measured slope smaller "
         "than 1 at these sizes. The reference and the plain NumPy peer build the L × L "
         "scores: their memory is checked against L². "
         "FLOPs are counted, not measured (visible pairs × 2·(d_k + d_v)): their fit checks "
@@ -336,7 +324,7 @@ def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
     lines = [f"{row.verdict}  [{_series_label(row)}]" for row in fits.itertuples()
              if row.quantity != "flops"]
     text += "\n\nVerdicts:\n" + "\n".join(lines)
-    shown = fits.drop(columns=["intercept", "stderr"]).copy()
+    shown = fits.drop(columns=["intercept", "stderr"], errors="ignore").copy()
     figures = [("Time against L, log-log, with the fitted slopes and an L² guide",
                 plots.time_vs_length(table, fits))]
     memory = plots.memory_vs_length(table, fits)

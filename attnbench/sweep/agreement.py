@@ -37,7 +37,7 @@ from attnbench.measure.machine import (
 )
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
 from attnbench.measure.problems import SETTLE_SECONDS, ProblemSpec, load_average, make_inputs
-from attnbench.measure.timing import measure
+from attnbench.measure.timing import default_probe, fault, measure
 from kernels import available_backends, cuda_status, has_real_gpu
 
 __all__ = ["GRIDS", "MASK_KINDS", "agreement_table", "run_agreement", "select_backends"]
@@ -142,12 +142,18 @@ def _check(case: _Case, backend: str) -> dict:
     return {"max_abs_err": error, "error": ""}
 
 
+#: Timing columns beside the median: the interval, the samples taken, the noise flag.
+TIMING_EXTRAS = ("ci_low_ms", "ci_high_ms", "samples_taken", "noisy")
+
+
 def _time(case: _Case, backend: str, max_time: float) -> dict:
     """Median time, IQR and GFLOP/s of the backend on ``case``."""
     timing = measure(lambda: case.call(backend), warmup=1, repeat=7, min_time=1e-3,
-                     max_time=max_time)
+                     max_time=max_time, budget=max_time, probe=default_probe())
     return {"median_ms": timing.median * 1e3, "iqr_ms": timing.iqr * 1e3,
-            "calls": timing.calls, "gflops": gflops(case.flops, timing.median)}
+            "calls": timing.calls, "gflops": gflops(case.flops, timing.median),
+            "ci_low_ms": timing.ci95[0] * 1e3, "ci_high_ms": timing.ci95[1] * 1e3,
+            "samples_taken": timing.taken, "noisy": timing.noisy}
 
 
 def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
@@ -213,11 +219,14 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
                    "median_ms": result.get("median_ms", float("nan")),
                    "iqr_ms": result.get("iqr_ms", float("nan")),
                    "calls": result.get("calls", 0),
-                   "gflops": result.get("gflops", float("nan"))}
+                   "gflops": result.get("gflops", float("nan")),
+                   **{key: result[key] for key in TIMING_EXTRAS if key in result}}
             if gemm_peaks is not None:
                 peak = gemm_peaks.get(case.columns["dtype"], float("nan"))
                 row["gemm_peak_gflops"] = peak
-                row["pct_of_gemm_peak"] = 100 * row["gflops"] / peak
+                pct = 100 * row["gflops"] / peak
+                row["fault"] = fault(pct, 100, "% of the GEMM peak")
+                row["pct_of_gemm_peak"] = float("nan") if row["fault"] else pct
             row["error"] = result["error"]
             rows.append(row)
     table = pd.DataFrame(rows)

@@ -63,7 +63,8 @@ def save_results(result: SweepResult, out_dir, *, extra_meta: dict | None = None
 
 
 #: Text columns of a sweep table: read back from CSV as strings, "" where empty.
-TEXT_COLUMNS = ("backend", "mask", "dtype", "status", "reason", "memory_method", "oracle")
+TEXT_COLUMNS = ("backend", "mask", "dtype", "status", "reason", "memory_method", "oracle",
+                "fault", "samples_ms", "cpu_samples_ms")
 
 
 def load_results(path) -> tuple[pd.DataFrame, dict]:

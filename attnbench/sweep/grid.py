@@ -209,16 +209,21 @@ def expand(grids) -> list[Point]:
     return sorted(points, key=lambda point: order[point.backend])  # stable: grid order kept
 
 
+#: Sequence lengths of the quick grid's scaling series: 256 to 4096, ratio ~1.6.
+LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
+
 #: Named grids.  "quick" is what ``attnbench run`` sweeps (about a minute on 2 cores);
 #: "tiny" is a smoke test of a few seconds, for the tests.
 GRIDS = {
     "quick": (
-        # Time, FLOP/s, error and memory against L, no mask and causal.  The reference
-        # stops at 2048 (at 4096 it needs ~2.7 GB and seconds per call).
-        Grid(L=(256, 512, 1024, 2048, 4096), d_k=(64,), heads=(4,), mask=("none", "causal"),
+        # Time, FLOP/s, error and memory against L, no mask and causal: 7 near-geometric
+        # lengths (ratio ~1.6, multiples of 32) over 16x, enough for the scaling fits'
+        # intervals (attnbench.studies.scaling).  The reference stops at 2048 (at 4096 it
+        # needs ~2.7 GB and seconds per call), so its 16x starts at 128.
+        Grid(L=LENGTHS, d_k=(64,), heads=(4,), mask=("none", "causal"),
              backend=("numba", "numpy", "torch")),
-        Grid(L=(256, 512, 1024, 2048), d_k=(64,), heads=(4,), mask=("none", "causal"),
-             backend=("reference",)),
+        Grid(L=tuple(length // 2 for length in LENGTHS), d_k=(64,), heads=(4,),
+             mask=("none", "causal"), backend=("reference",)),
         # Padding and a bool mask at one length; GQA (4 query heads on 1 K/V head).
         Grid(L=(1024,), d_k=(64,), heads=(4,), mask=("padding", "bool"),
              backend=("numba", "reference", "numpy", "torch")),

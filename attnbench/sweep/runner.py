@@ -55,7 +55,7 @@ from attnbench.measure.problems import (
     limit_threads,
     load_average,
 )
-from attnbench.measure.timing import measure, peak_extra_memory
+from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
 from attnbench.sweep.grid import MASK_KINDS, Point
 
 __all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
@@ -292,7 +292,11 @@ class PointRunner:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
-        timing = measure(call, warmup=1, repeat=7, min_time=1e-3, max_time=self.max_time)
+        # Up to 15 samples in max_time (at least 6: the fewest with a 95% interval of the
+        # median), then rounds within as much again while the interval is wide or the
+        # probe sees interference (measure.timing).
+        timing = measure(call, warmup=1, repeat=15, min_repeat=6, min_time=1e-3,
+                         max_time=self.max_time, budget=self.max_time, probe=default_probe())
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
         result = {
@@ -300,10 +304,15 @@ class PointRunner:
             "median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
             "q75_ms": timing.q75 * 1e3, "iqr_ms": timing.iqr * 1e3, "min_ms": timing.min * 1e3,
             "runs": timing.runs, "calls": timing.calls, "gflops": gflops(flops, timing.median),
+            **timing.row_columns(),
         }
         peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
+        pct = 100 * result["gflops"] / peak_gemm
+        result["fault"] = fault(pct, 100, "% of the GEMM peak")  # never a result if > 100
+        if result["fault"]:
+            pct = np.nan
         result.update(gemm_peak_gflops=peak_gemm, peak_source=CPU_PEAK_SOURCE,
-                      pct_of_gemm_peak=100 * result["gflops"] / peak_gemm,
+                      pct_of_gemm_peak=pct,
                       threads=self.threads(point.backend),
                       call_overhead_ms=self.smallest_call(point)[0] * 1e3,
                       peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],

@@ -1,0 +1,43 @@
+"""Figures that cannot be true are flagged as measurement faults, never printed as results."""
+
+import math
+
+import numpy as np
+
+from attnbench.measure.timing import fault
+from attnbench.sweep.grid import Grid, expand
+from attnbench.sweep.runner import PointRunner, run_sweep
+
+
+def test_fault_fires_only_above_the_limit():
+    assert fault(99.9, 100, "% of the GEMM peak") == ""
+    assert fault(100.0, 100, "% of the GEMM peak") == ""
+    message = fault(197.0, 100, "% of the GEMM peak")
+    assert message.startswith("measurement fault") and "197" in message
+    assert fault(3.0, 2, "speed-up over 1 thread")  # 3x on 2 threads cannot be
+
+
+def test_a_sweep_against_a_disturbed_peak_flags_every_row_instead_of_reporting_it():
+    # A GEMM peak measured under heavy interference: every point beats it.
+    peaks = {"float32": 1e-6, "float64": 1e-6}
+    grid = Grid(L=(8, 16), d_k=(4,), heads=(1,), backend=("numba", "reference"))
+    runner = PointRunner(max_time=0.002, gemm_peaks=peaks, settle=0.0)
+    table = run_sweep(expand([grid]), runner=runner, max_time=0.002, gemm_peaks=peaks,
+                      progress=False, with_machine=False).table
+    assert (table["status"] == "ok").all()
+    assert table["pct_of_gemm_peak"].isna().all()
+    assert table["fault"].str.startswith("measurement fault").all()
+
+
+def test_a_sweep_against_a_plausible_peak_reports_percentages():
+    peaks = {"float32": 1e9, "float64": 1e9}
+    grid = Grid(L=(8,), d_k=(4,), heads=(1,), backend=("numba",))
+    runner = PointRunner(max_time=0.002, gemm_peaks=peaks, settle=0.0)
+    table = run_sweep(expand([grid]), runner=runner, max_time=0.002, gemm_peaks=peaks,
+                      progress=False, with_machine=False).table
+    assert (table["fault"] == "").all()
+    pct = table["pct_of_gemm_peak"].to_numpy(float)
+    assert np.isfinite(pct).all() and (pct < 100).all() and not math.isnan(pct.sum())
+    # Every row keeps its samples and says how many it took and whether it is noisy.
+    assert (table["samples_taken"] >= 6).all() and table["samples_ms"].str.len().gt(0).all()
+    assert table["noisy"].isin([True, False]).all()
