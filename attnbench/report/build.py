@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import hosts, plots
+from attnbench.report import hosts, plots, summary
 from attnbench.report import html as html_report
 from attnbench.report.sections import Section
 from attnbench.studies import scaling
@@ -105,9 +105,10 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                shown)]
     not_ok = table[table["status"] != "ok"]
     if not not_ok.empty:
-        tables.insert(0, ("Points skipped or failed, with the reason",
-                          not_ok[["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask",
-                                  "dtype", "status", "reason"]]))
+        tables.insert(0, ("Points skipped or failed, one line per backend and reason",
+                          _not_ok_summary(not_ok)))
+        shown = shown[table["status"] == "ok"]
+        tables[-1] = ("Sweep results, one row per point that ran", shown)
     if "within_tolerance" in table:
         outside = table[table["within_tolerance"].astype("boolean").eq(False).fillna(False)]
         if not outside.empty:
@@ -126,6 +127,19 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
                         error_figure))
     return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def _not_ok_summary(not_ok: pd.DataFrame) -> pd.DataFrame:
+    """Points that did not run, one line per (backend, status, reason), with their L values."""
+    reason = not_ok["reason"].astype(object).where(not_ok["reason"].notna(), "")
+    rows = []
+    for (backend, status, why), group in not_ok.assign(reason=reason).groupby(
+            ["backend", "status", "reason"], sort=False):
+        lengths = sorted(set(group["L"].astype(int)))
+        rows.append({"backend": backend, "status": status, "points": len(group),
+                     "L": " ".join(map(str, lengths)), "masks": " ".join(
+                         dict.fromkeys(group["mask"].astype(str))), "reason": why})
+    return pd.DataFrame(rows)
 
 
 def _gpu_text(table: pd.DataFrame) -> str:
@@ -156,28 +170,92 @@ def sweep_sections(table: pd.DataFrame, meta: dict | None = None) -> list[Sectio
     meta = meta or {}
     parts = hosts.groups(table)
     if len(parts) <= 1:
-        return [sweep_section(table, meta), *scaling.section(table, meta=meta)]
+        return [sweep_section(table, meta), *_scaling_sections(table, meta)]
     peaks = hosts.host_peaks(table)
     sections = [hosts.hosts_section(table)]
     for number, (label, rows) in enumerate(parts, start=1):
         group_meta = {key: value for key, value in meta.items()
                       if key not in ("n_points", "gemm_peak_gflops")}
         group_meta["gemm_peak_gflops"] = peaks.get(label, {})
-        for section in [sweep_section(rows, group_meta), *scaling.section(rows, meta=group_meta)]:
+        for section in [sweep_section(rows, group_meta), *_scaling_sections(rows, group_meta)]:
             section.title = f"{section.title}: {label}"
             section.anchor = f"{section.slug()}-{number}"
             sections.append(section)
     return sections
 
 
+#: Machine-record fields whose name alone would mislead, with what they are.
+MACHINE_LABELS = {"run_seconds": "agreement check seconds (attnbench run's first step)",
+                  "load_average_1m": "load average (1 min) before the run"}
+
+
+def _readable(value) -> str:
+    """A record value as text: numbers formatted, lists and dicts as ``key: value`` lists."""
+    from attnbench.report.tables import format_number
+
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else ("yes" if value else "no")
+    if isinstance(value, int | float):
+        return format_number(value)
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {_readable(item)}" for key, item in value.items()
+                         if item not in (None, "", [], {}))
+    if isinstance(value, list | tuple):
+        return " | ".join(_readable(item) for item in value)
+    return str(value)
+
+
+#: Columns of the verdicts table, in order (those a fits table has).
+VERDICT_TABLE = ("backend", "quantity", "variable", "mask", "dtype", "outcome", "exponent",
+                 "expected", "n_used", "verdict")
+
+
+def verdicts_table(fits: pd.DataFrame) -> pd.DataFrame:
+    """One line per measured fit, the outcome early: what the scaling section concludes."""
+    measured = fits[fits["quantity"] != "flops"]
+    exponent = [("" if pd.isna(row.get("slope")) else f"{row['slope']:.2f}"
+                 + ("" if pd.isna(row.get("ci95")) else f" ± {row['ci95']:.2f}"))
+                for _, row in measured.iterrows()]
+    shown = measured.assign(exponent=exponent)
+    columns = ([hosts.GROUP_COLUMN] if hosts.GROUP_COLUMN in shown else []) + [
+        c for c in VERDICT_TABLE if c in shown]
+    return shown[columns].reset_index(drop=True)
+
+
+def _scaling_sections(table: pd.DataFrame, meta: dict) -> list[Section]:
+    """:func:`attnbench.studies.scaling.section`, its verdicts as a table, and more plots.
+
+    The verdict lines of the section's text become a table (outcome coloured); the plots
+    of time against d_k, heads and batch join those against L.
+    """
+    fits = scaling.scaling_table(table)
+    sections = scaling.section(table, fits=fits, meta=meta)
+    if fits.empty:
+        return sections
+    main = sections[0]
+    main.anchor = main.anchor or "scaling"
+    if "\n\nVerdicts:\n" in main.text:
+        main.text = main.text.split("\n\nVerdicts:\n")[0]
+    main.tables.insert(0, ("Verdicts: one line per fit (time and memory; FLOP counts are in "
+                           "the Fits table)", verdicts_table(fits)))
+    for variable, words in (("d_k", "head size d_k"), ("heads", "heads"),
+                            ("batch", "batch")):
+        figure = plots.time_vs_variable(table, fits, variable)
+        if figure is not None:
+            main.figures.append((f"Time against {words}, log-log, with the fitted law, its "
+                                 "95% band and an O(" + variable + ") guide", figure))
+    return sections
+
+
 def machine_section(record: dict, extra: dict | None = None) -> Section:
-    """The machine record as a two-column table (lists and dicts as JSON)."""
+    """The machine record as a two-column table whose values wrap (class ``kv``)."""
     items = {**record, **(extra or {})}
-    rows = [{"field": key, "value": value if isinstance(value, str | int | float) or value is None
-             else json.dumps(value, default=str)} for key, value in items.items()]
+    table = pd.DataFrame([{"field": MACHINE_LABELS.get(key, key), "value": _readable(value)}
+                          for key, value in items.items()])
+    table.attrs["html_class"] = "kv"
     return Section(title="Machine", anchor="machine",
                    text="Where and with what this report's numbers were measured.",
-                   tables=[("Machine record", pd.DataFrame(rows))])
+                   tables=[("Machine record", table)])
 
 
 def _read_json(path: Path) -> dict:
@@ -196,16 +274,21 @@ def collect_sections(folder) -> list[Section]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     sections = []
+    agreement = None
     if (folder / "agreement.csv").exists():
-        sections.append(agreement_section(pd.read_csv(folder / "agreement.csv")))
+        agreement = pd.read_csv(folder / "agreement.csv")
+        sections.append(agreement_section(agreement))
     meta = {}
     try:
         table, meta = sweep_files.load_results(folder)
     except FileNotFoundError:
         table = None
+    fits = None
     if table is not None and not table.empty:
         sections += sweep_sections(table, meta)
-    sections += html_report.load_sections(folder / SECTIONS_DIR)
+        fits = hosts.scaling_by_group(table, scaling.scaling_table)
+    saved = html_report.load_sections(folder / SECTIONS_DIR)
+    sections += saved
     if not sections:
         raise FileNotFoundError(
             f"{folder} holds no results: expected agreement.csv, sweep.parquet/sweep.csv or "
@@ -215,7 +298,9 @@ def collect_sections(folder) -> list[Section]:
         extra = ({"gemm_peak_gflops (sweep)": meta["gemm_peak_gflops"]}
                  if "gemm_peak_gflops" in meta else {})
         sections.append(machine_section(record, extra))
-    return sections
+    found = summary.cards(agreement=agreement, sweep=table, fits=fits, sections=saved,
+                          record=_read_json(folder / "machine.json"), meta=meta)
+    return [summary.summary_section(found), *sections]
 
 
 def _subtitle(folder: Path) -> str:
