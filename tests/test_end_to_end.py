@@ -1,13 +1,15 @@
 """``attnbench run --grid tiny`` end to end: the files it writes, and the report in a browser.
 
 The browser check needs Chromium (``.ci/run`` installs it with apt-get where it can);
-without it that test is skipped and says so.
+without it that test is skipped and says so.  Everything is written under pytest's
+temporary folders; set ``ATTNBENCH_SCREENSHOT=/some/file.png`` to keep a screenshot of
+the page.
 """
 
 import importlib.util
 import json
+import os
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,9 +20,8 @@ from attnbench.sweep.grid import GRIDS, expand
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
-REPO = Path(__file__).resolve().parents[1]
-#: Where the screenshot of the tiny run's report is kept (reports/ is not committed).
-SCREENSHOT = REPO / "reports" / "report-tiny-screenshot.png"
+#: Tones a summary card may have.
+TONES = {"ok", "warn", "bad", "none"}
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,12 @@ def test_run_writes_every_file_and_exits_0(tiny_run):
     assert run["exit_status"] == 0 and run["seconds"] > 0 and not run["problems"]
     saved = sorted(path.name for path in (out / "sections").iterdir())
     assert saved[0] == "00-attention-heat-maps"
+    anchors = {"attnbench.studies.stability": "stability", "attnbench.studies.params": "params",
+               "attnbench.claims.ledger": "claims"}
+    assert set(anchors) == set(PART_B_MODULES)
     for module in PART_B_MODULES:  # part B's sections are saved where the modules exist
-        short = module.rsplit(".", 1)[1]
         if importlib.util.find_spec(module) is not None:
-            assert any(name.endswith(short) for name in saved), (module, saved)
+            assert any(name.endswith(anchors[module]) for name in saved), (module, saved)
 
 
 def test_report_holds_every_part_and_nothing_external(tiny_run):
@@ -73,14 +76,26 @@ def test_report_holds_every_part_and_nothing_external(tiny_run):
                            "installs it)")
 def test_report_renders_in_headless_chromium(tiny_run):
     _, out = tiny_run
-    seen = check_page(out / "report.html")
+    seen = check_page(out / "report.html", width=1280)
     assert seen["images"] >= 4 and seen["broken"] == [], seen
     assert seen["errors"] == [] and seen["chromium_console"] == [], seen
     assert seen["title"] == "attnbench report"
+    assert seen["sections"][0] == "summary"
     assert {"agreement", "sweep", "scaling", "machine"} <= set(seen["sections"])
+    # the summary: a card per question, each with a verdict and a tone
+    questions = " | ".join(card["question"] for card in seen["cards"])
+    for question in ("agree", "O(L²) time: numba", "memory", "√d_k", "Parameter", "claims",
+                     "Machine"):
+        assert question in questions, questions
+    for card in seen["cards"]:
+        assert card["verdict"] and card["tone"] in TONES, card
+    # nothing sticks out of the page at 1280 px; wide tables scroll in their own box
+    assert seen["overflow"] == [], seen["overflow"]
+    assert seen["long_floats"] == [], seen["long_floats"]
     if importlib.util.find_spec("attnbench.claims.ledger") is not None:
         assert seen["claims_table"], seen
+        assert seen["claims"] == {"rows": 31, "shown": 31, "clipped": False}, seen["claims"]
     shot = screenshot(out / "report.html", out / "report.png")
     assert shot.read_bytes().startswith(b"\x89PNG")
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    shutil.copyfile(shot, SCREENSHOT)
+    if os.environ.get("ATTNBENCH_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["ATTNBENCH_SCREENSHOT"])

@@ -48,7 +48,7 @@ nav#toc { background: #f6f8fa; border: 1px solid #ddd; padding: 0.5em 1.5em; }
 nav#toc ol { margin: 0.3em 0; columns: 2; }
 p.text { white-space: pre-line; overflow-wrap: anywhere; }
 figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; margin: 0.3em 0; }
-figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; box-sizing: border-box; }
 div.scroll { overflow-x: auto; max-width: 100%; border: 1px solid #ddd; }
 div.scroll.tall { max-height: 36em; overflow-y: auto; }
 table { border-collapse: separate; border-spacing: 0; font-size: 0.82em; }

@@ -416,7 +416,7 @@ def heatmap_section() -> list[Section]:
             f"Measured on these weights: the largest causal weight above the diagonal is "
             f"{above_diagonal:g}; the largest weight on a <pad> key is {on_pads:g} (the pad "
             "rows still attend to the words: a padding mask hides keys, not queries); "
-            f"row sums lie in [{row_sums.min():.17g}, {row_sums.max():.17g}]; the largest "
+            f"row sums differ from 1 by at most {np.abs(row_sums - 1).max():.1e}; the largest "
             f"weight without a mask is {full.max():.3f}.")
     return [Section(title="Attention heat maps", text=text,
                     figures=[("Attention weights on an example sentence",
