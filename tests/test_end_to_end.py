@@ -99,3 +99,27 @@ def test_report_renders_in_headless_chromium(tiny_run):
     assert shot.read_bytes().startswith(b"\x89PNG")
     if os.environ.get("ATTNBENCH_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["ATTNBENCH_SCREENSHOT"])
+
+
+def test_a_sweep_keeps_off_runs_results_and_report_says_who_wrote_what(tiny_run, tmp_path,
+                                                                        capsys):
+    _, out = tiny_run
+    folder = tmp_path / "reports"
+    shutil.copytree(out, folder)
+    page = (folder / "report.html").read_text()
+    assert "attnbench run (grid &#x27;tiny&#x27;) measured everything here" in page
+    before = (folder / "sweep.csv").read_bytes()
+    sweep = ["sweep", "--grid", "tiny", "--out", str(folder), "--no-progress",
+             "--max-time", "0.005"]
+    assert main(sweep) == 2  # refuses: run's sweep would be replaced under run's report
+    assert "holds the results of 'attnbench run'" in capsys.readouterr().err
+    assert (folder / "sweep.csv").read_bytes() == before
+    assert main([*sweep, "--force"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(folder)]) == 0
+    said = capsys.readouterr().out
+    assert "the sweep (sweep.*): attnbench sweep --grid tiny" in said
+    assert "the agreement check: attnbench run --grid tiny" in said
+    page = (folder / "report.html").read_text()
+    assert "measured everything here" not in page
+    assert "attnbench sweep --grid tiny" in page

@@ -33,7 +33,7 @@ from attnbench.studies import scaling
 from attnbench.sweep import files as sweep_files
 
 __all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
-           "machine_section", "sweep_section", "sweep_sections"]
+           "machine_section", "provenance", "sweep_section", "sweep_sections"]
 
 REPORT_NAME = "report.html"
 SECTIONS_DIR = "sections"
@@ -303,19 +303,56 @@ def collect_sections(folder) -> list[Section]:
     return [summary.summary_section(found), *sections]
 
 
+def _when(path: Path) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def provenance(folder) -> list[str]:
+    """Which command wrote each kind of result in ``folder``, and when (file times).
+
+    ``run.json`` marks ``attnbench run``'s agreement check and sections; ``sweep.json``
+    names the command that wrote the sweep (results older than that field are said to
+    come from an unnamed command).  Nothing is claimed that the files do not record.
+    """
+    folder = Path(folder)
+    run = _read_json(folder / "run.json")
+    run_name = f"attnbench run --grid {run.get('grid', '?')}" if run else ""
+    lines = []
+    for name, what in (("agreement.csv", "the agreement check"),
+                       (SECTIONS_DIR, "the studies and the claims (sections/)")):
+        if (folder / name).exists():
+            writer = run_name or "attnbench run"
+            lines.append(f"{what}: {writer}, {_when(folder / name)}")
+    meta_path = folder / "sweep.json"
+    if meta_path.exists() or (folder / "sweep.csv").exists():
+        meta = _read_json(meta_path)
+        writer = meta.get("command") or "a command that did not record its name"
+        source = meta_path if meta_path.exists() else folder / "sweep.csv"
+        lines.append(f"the sweep (sweep.*): {writer}, {_when(source)}")
+    return lines
+
+
 def _subtitle(folder: Path) -> str:
     run = _read_json(folder / "run.json")
-    machine = _read_json(folder / "machine.json") or _read_json(folder / "sweep.json").get(
-        "machine", {})
+    sweep_meta = _read_json(folder / "sweep.json")
+    machine = _read_json(folder / "machine.json") or sweep_meta.get("machine", {})
     parts = []
     if machine:
         parts.append(f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores', '?')} "
                      f"usable cores, Numba {machine.get('numba', '?')} "
                      f"({machine.get('numba_threads', '?')} threads).")
     seconds = run.get("seconds_before_report", run.get("seconds"))
-    if seconds:
+    sweep_writer = sweep_meta.get("command", "")
+    has_sweep = (folder / "sweep.json").exists() or (folder / "sweep.csv").exists()
+    if seconds and (not has_sweep or sweep_writer.startswith("attnbench run")):
         parts.append(f"attnbench run (grid '{run.get('grid')}') measured everything here in "
                      f"{seconds:.0f} s.")
+    else:
+        lines = provenance(folder)
+        if lines:
+            parts.append("Read from " + folder.name + ": " + "; ".join(lines) + ".")
     return " ".join(parts)
 
 
@@ -337,5 +374,8 @@ def command(args) -> int:
     except FileNotFoundError as exc:
         print(f"attnbench report: error: {exc}", file=sys.stderr)
         return 2
+    print(f"Read {args.folder}:")
+    for line in provenance(args.folder):
+        print(f"  {line}")
     print(f"Wrote {path}")
     return 0
