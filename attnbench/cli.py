@@ -65,9 +65,8 @@ def _add_run(subparsers) -> None:
             "(OUT/scaling.csv), compute the attention heat maps and the studies of "
             "softmax stability, parameter arithmetic and the claims ledger "
             "(OUT/sections/), and render OUT/report.html from those files. "
-            "Measured on 2 cores: the whole job 3-4 min (189 s with Numba's compile cache "
-            "warm on a busy machine), longer the first time, while Numba compiles and caches "
-            "the kernels. "
+            "Measured on 2 shared cores (load 5-8): the whole job 189 s with Numba's "
+            "compile cache warm, 501 s the first time (empty cache: the kernels compile). "
             "Exit status: 0 if every backend agrees everywhere and every sweep point "
             "ran (or was skipped for a stated reason) within the tolerance and every study "
             "ran, 1 otherwise, 130 if interrupted during the sweep (finished points kept)."
@@ -78,11 +77,12 @@ def _add_run(subparsers) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--grid", choices=("default", "tiny"), default="default",
                         help="'default': agreement on 5 shapes x 6 mask kinds x 2 dtypes "
-                             "(measured on 2 cores: 7-10 s with Numba's compile cache warm "
-                             "and the machine idle, 47 s warm on a busy machine, 1-2 min the "
-                             "first time, while the kernels compile) and the 'quick' sweep; "
-                             "'tiny': one small shape and the 'tiny' sweep, a smoke test "
-                             "(about 30 s warm, 2 min the first time) (default: %(default)s)")
+                             "(measured on 2 cores with Numba's compile cache warm: 7-10 s "
+                             "idle, 47 s busy; the first time, while the kernels compile: "
+                             "56 s idle, 203 s busy) and the 'quick' sweep; 'tiny': one "
+                             "small shape and the 'tiny' sweep, a smoke test (whole job on "
+                             "a busy machine: 56 s warm, 116 s the first time) (default: "
+                             "%(default)s)")
     parser.add_argument("--backends", nargs="+", metavar="NAME",
                         choices=("reference", "numba", "cuda"),
                         help="backends to run, from reference, numba, cuda (default: all "

@@ -56,6 +56,7 @@ def agreement_section(table: pd.DataFrame) -> Section:
             "mask kind (none, causal, bottom-right causal, bool mask, key_lengths, dropout). "
             "A row agrees when its max abs error against the oracle is within the tolerance "
             "(2 × the error of the same formula computed in the input dtype + 4 ulps).")
+    text += _impossible_text(table)
     return Section(title="Agreement with the reference", anchor="agreement", text=text,
                    tables=[("Largest error per backend and dtype", summary),
                            ("Every case", shown)])
@@ -109,6 +110,7 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                           _not_ok_summary(not_ok)))
         shown = shown[table["status"] == "ok"]
         tables[-1] = ("Sweep results, one row per point that ran", shown)
+    text += _impossible_text(table)
     if "within_tolerance" in table:
         outside = table[table["within_tolerance"].astype("boolean").eq(False).fillna(False)]
         if not outside.empty:
@@ -127,6 +129,21 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
                         error_figure))
     return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def _impossible_text(table: pd.DataFrame) -> str:
+    """A warning for points above 100% of the peak: a measurement fault, not a result."""
+    if "pct_of_gemm_peak" not in table:
+        return ""
+    above = table[pd.to_numeric(table["pct_of_gemm_peak"], errors="coerce") > 100]
+    if above.empty:
+        return ""
+    worst = above.loc[above["pct_of_gemm_peak"].idxmax()]
+    where = worst.get("case", f"L = {worst.get('L', '?')}")
+    return (f"\n\nMeasurement fault: {len(above)} point(s) ran above 100% of the peak (up to "
+            f"{worst['pct_of_gemm_peak']:.0f}%, {worst['backend']} on {where}), which "
+            "no kernel can: this run's peak was measured too low (other processes slowed "
+            "the one GEMM it times). Read their % of peak as unknown, not as a result.")
 
 
 def _not_ok_summary(not_ok: pd.DataFrame) -> pd.DataFrame:

@@ -56,13 +56,14 @@ th, td { border-right: 1px solid #ddd; border-bottom: 1px solid #ddd; padding: 2
          text-align: left; vertical-align: top; background: #fff; }
 th { background: #f0f0f0; position: sticky; top: 0; z-index: 2; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-td.long { min-width: 16em; max-width: 36em; overflow-wrap: anywhere; }
+td.long { min-width: 22em; max-width: 36em; overflow-wrap: anywhere; }
 td:first-child, th:first-child { position: sticky; left: 0; z-index: 1;
                                  box-shadow: 1px 0 0 #bbb; }
 th:first-child { z-index: 3; }
 td:first-child { background: #fafafa; }
-table.claims { width: 100%; } table.claims td { min-width: 6em; overflow-wrap: anywhere; }
-table.claims td.verdict { min-width: 9em; }
+table.claims { width: 100%; } table.claims td { overflow-wrap: anywhere; }
+table.claims td:nth-child(3) { min-width: 14em; } table.claims td:nth-child(4) { min-width: 18em; }
+table.claims td:nth-child(5) { min-width: 12em; } table.claims td.source { min-width: 12em; }
 table.kv { width: 100%; table-layout: fixed; } table.kv td:first-child { width: 16em; }
 table.kv td { overflow-wrap: anywhere; white-space: normal; text-align: left; }
 .tone-ok { background: #d4f4dd; } .tone-warn { background: #fff1c2; }

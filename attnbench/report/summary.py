@@ -183,7 +183,8 @@ def claims_card(claims: pd.DataFrame | None) -> Card | None:
 
 
 def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card | None:
-    """Quiet when the load stayed ≤ half the cores and the median IQR/median is ≤ 5 %."""
+    """Quiet when the load stayed ≤ half the cores, the median IQR/median is ≤ 5 % and no
+    point ran above 100 % of the peak (which only a peak measured too low allows)."""
     if not record and not meta:
         return None
     cores = record.get("usable_cores") or (meta.get("machine") or {}).get("usable_cores")
@@ -196,6 +197,10 @@ def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card |
             noise = float((ok["iqr_ms"] / ok["median_ms"]).median())
     busy = bool(cores and loads and max(loads) > 0.5 * cores)
     noisy = noise is not None and noise > 0.05
+    above_peak = 0
+    if sweep is not None and "pct_of_gemm_peak" in sweep:
+        above_peak = int((pd.to_numeric(sweep["pct_of_gemm_peak"], errors="coerce") > 100).sum())
+        noisy = noisy or above_peak > 0
     tone = "none" if not loads and noise is None else ("warn" if busy or noisy else "ok")
     verdict = {"ok": "quiet", "warn": "busy or noisy: compare ratios, not times",
                "none": "not recorded"}[tone]
@@ -204,6 +209,9 @@ def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card |
     if noise is not None:
         lines.append(f"median IQR / median time over the sweep's points: {noise:.0%} "
                      "(rule: ≤ 5 %)")
+    if above_peak:
+        lines.append(f"{above_peak} sweep point(s) above 100 % of the GEMM peak: the peak was "
+                     "measured too low")
     number = (f"load {max(loads):.1f} on {cores} cores (rule: ≤ {0.5 * cores:g})"
               if loads and cores else "load not recorded")
     return Card("Machine and noise", verdict, tone, number, "machine", lines)
