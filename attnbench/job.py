@@ -115,12 +115,45 @@ def grids_from_args(args) -> list[Grid]:
     return [grid_from_mapping(given, where="flags")]
 
 
+def sweep_description(args) -> str:
+    """The sweep as a command line a reader can rerun: ``attnbench sweep --grid tiny``."""
+    if getattr(args, "config", None):
+        return f"attnbench sweep --config {args.config}"
+    if getattr(args, "grid", None):
+        return f"attnbench sweep --grid {args.grid}"
+    flags = [f"--{dest.replace('_', '-')} {' '.join(map(str, getattr(args, dest)))}"
+             for dest in GRID_FLAGS if getattr(args, dest, None) is not None]
+    return " ".join(["attnbench sweep", *flags])
+
+
+def other_commands_results(out: Path, command: str) -> str | None:
+    """What another command left in ``out`` that ``command`` would overwrite, or None.
+
+    ``attnbench run`` leaves ``run.json``; every sweep's ``sweep.json`` names the command
+    that wrote it (``"command"``).
+    """
+    if command != "attnbench run" and (out / "run.json").exists():
+        return f"{out} holds the results of 'attnbench run' (run.json)"
+    meta = out / "sweep.json"
+    if meta.exists():
+        try:
+            writer = json.loads(meta.read_text()).get("command", "")
+        except (OSError, ValueError):
+            writer = ""
+        if writer and not writer.startswith(command):
+            return f"{out} holds the sweep of '{writer}' (sweep.json)"
+    return None
+
+
 def sweep_command(args) -> int:
     """``attnbench sweep``: run a grid, print and save the table and the fits.
 
     Every finished point is appended to ``OUT/sweep.jsonl`` at once
     (:mod:`attnbench.sweep.journal`); ``--resume`` runs only the points not done there.
     ``--cluster`` runs the points on Dask (:mod:`attnbench.sweep.cluster`) instead of here.
+    A folder that holds another command's results (``attnbench run``'s) is left alone
+    unless ``--force`` is given: the sweep would replace its ``sweep.*`` and
+    ``scaling.csv`` under a report that says ``run`` measured them.
     """
     import contextlib
 
@@ -131,6 +164,11 @@ def sweep_command(args) -> int:
         return 2
     points = expand(grids)
     out = Path(args.out)
+    taken = other_commands_results(out, "attnbench sweep")
+    if taken and not getattr(args, "force", False):
+        print(f"attnbench sweep: error: {taken}; a sweep would overwrite them. Give another "
+              "--out, or --force to overwrite", file=sys.stderr)
+        return 2
     cluster = getattr(args, "cluster", None)
     resume = getattr(args, "resume", False)
     journal_path = out / JOURNAL_NAME
@@ -170,7 +208,8 @@ def sweep_command(args) -> int:
     if len(by_host) == 1 and not result.gemm_peaks:
         result.gemm_peaks = next(iter(by_host.values()))
     written = save_results(result, args.out, extra_meta={
-        "threads": args.threads, "cluster": settings["cluster"], "resumed_points": len(done),
+        "command": sweep_description(args), "threads": args.threads,
+        "cluster": settings["cluster"], "resumed_points": len(done),
         "journal": JOURNAL_NAME, "gemm_peak_gflops_by_host": by_host,
         "machines": load_journal(journal_path).machines})
     if not result.table.empty:
@@ -276,7 +315,8 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
     # With fewer threads, the GEMM peak of the same thread count is the yardstick.
     result = run_sweep(points, max_time=sweep_max_time, threads=threads,
                        gemm_peaks=None if threads else gemm_peaks)
-    written = save_results(result, out, extra_meta={"grid": grid_name, "threads": threads})
+    written = save_results(result, out, extra_meta={
+        "command": f"attnbench run --grid {args.grid}", "grid": grid_name, "threads": threads})
     print(format_points(result.table) if not result.table.empty else "(no point finished)")
     if result.interrupted:
         print(f"\nInterrupted: kept {len(result.table)} of {len(points)} points in "

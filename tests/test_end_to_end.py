@@ -1,12 +1,14 @@
 """``attnbench run --grid tiny`` end to end: the files it writes, and the report in a browser.
 
 The browser check needs Chromium (``.ci/run`` installs it with apt-get where it can);
-without it that test is skipped and says so.
+without it that test is skipped and says so.  Everything is written under pytest's
+temporary folders; set ``ATTNBENCH_SCREENSHOT=/some/file.png`` to keep a screenshot of
+the page.
 """
 
 import json
+import os
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,9 +18,8 @@ from attnbench.sweep.grid import GRIDS, expand
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
-REPO = Path(__file__).resolve().parents[1]
-#: Where the screenshot of the tiny run's report is kept (reports/ is not committed).
-SCREENSHOT = REPO / "reports" / "report-tiny-screenshot.png"
+#: Tones a summary card may have.
+TONES = {"ok", "warn", "bad", "none"}
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +69,49 @@ def test_report_holds_every_part_and_nothing_external(tiny_run):
                            "installs it)")
 def test_report_renders_in_headless_chromium(tiny_run):
     _, out = tiny_run
-    seen = check_page(out / "report.html")
+    seen = check_page(out / "report.html", width=1280)
     assert seen["images"] >= 4 and seen["broken"] == [], seen
     assert seen["errors"] == [] and seen["chromium_console"] == [], seen
     assert seen["title"] == "attnbench report"
+    assert seen["sections"][0] == "summary"
     assert {"agreement", "sweep", "scaling", "machine"} <= set(seen["sections"])
+    # the summary: a card per question, each with a verdict and a tone
+    questions = " | ".join(card["question"] for card in seen["cards"])
+    for question in ("agree", "O(L²) time: numba", "memory", "√d_k", "Parameter", "claims",
+                     "Machine"):
+        assert question in questions, questions
+    for card in seen["cards"]:
+        assert card["verdict"] and card["tone"] in TONES, card
+    # nothing sticks out of the page at 1280 px; wide tables scroll in their own box
+    assert seen["overflow"] == [], seen["overflow"]
+    assert seen["long_floats"] == [], seen["long_floats"]
     assert seen["claims_table"], seen
+    assert seen["claims"] == {"rows": 31, "shown": 31, "clipped": False}, seen["claims"]
     shot = screenshot(out / "report.html", out / "report.png")
     assert shot.read_bytes().startswith(b"\x89PNG")
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    shutil.copyfile(shot, SCREENSHOT)
+    if os.environ.get("ATTNBENCH_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["ATTNBENCH_SCREENSHOT"])
+
+
+def test_a_sweep_keeps_off_runs_results_and_report_says_who_wrote_what(tiny_run, tmp_path,
+                                                                        capsys):
+    _, out = tiny_run
+    folder = tmp_path / "reports"
+    shutil.copytree(out, folder)
+    page = (folder / "report.html").read_text()
+    assert "attnbench run (grid &#x27;tiny&#x27;) measured everything here" in page
+    before = (folder / "sweep.csv").read_bytes()
+    sweep = ["sweep", "--grid", "tiny", "--out", str(folder), "--no-progress",
+             "--max-time", "0.005"]
+    assert main(sweep) == 2  # refuses: run's sweep would be replaced under run's report
+    assert "holds the results of 'attnbench run'" in capsys.readouterr().err
+    assert (folder / "sweep.csv").read_bytes() == before
+    assert main([*sweep, "--force"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(folder)]) == 0
+    said = capsys.readouterr().out
+    assert "the sweep (sweep.*): attnbench sweep --grid tiny" in said
+    assert "the agreement check: attnbench run --grid tiny" in said
+    page = (folder / "report.html").read_text()
+    assert "measured everything here" not in page
+    assert "attnbench sweep --grid tiny" in page

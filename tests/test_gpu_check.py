@@ -52,7 +52,7 @@ def test_bad_arguments_exit_2(args, message):
     assert proc.returncode == 2 and message in proc.stderr
 
 
-@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+@pytest.mark.skipif(HAS_GPU, reason="tests the refusal without a GPU, and this machine has one")
 def test_without_a_gpu_device_mode_runs_nothing_and_says_so(tmp_path):
     proc = run_script("--venv", str(tmp_path / "venv"))
     assert proc.returncode == 2

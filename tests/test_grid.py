@@ -78,7 +78,8 @@ def test_bad_files_name_the_file_and_the_problem(tmp_path):
         load_grid_file(unknown)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("yaml") is not None, reason="pyyaml is installed")
+@pytest.mark.skipif(importlib.util.find_spec("yaml") is not None,
+                    reason="tests the message shown without pyyaml, and pyyaml is installed")
 def test_yaml_without_pyyaml_says_to_install_it(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text("L: [16]\n")

@@ -34,12 +34,18 @@ def test_sweep_figures_draw_every_series_and_the_fits():
     table = sweep_table()
     fits = scaling_table(table)
     time_figure = plots.time_vs_length(table, fits)
-    (ax,) = time_figure.axes
+    ax, residuals = time_figure.axes  # the law on top, measured / fit below
     labels = [line.get_label() for line in ax.get_lines()]
     for backend in ("numba", "reference"):
-        row = fits[(fits["quantity"] == "time") & (fits["backend"] == backend)].iloc[0]
-        assert f"{backend}: L^{row.slope:.2f} ± {row.ci95:.2f}" in labels, labels
-    assert "∝ L²" in labels  # the guide
+        row = fits[(fits["quantity"] == "time") & (fits["backend"] == backend)
+                   & (fits["variable"] == "L")].iloc[0]
+        law = f"{backend}: L^{row.slope:.2f} ± {row.ci95:.2f}"
+        assert any(label.startswith(law) for label in labels), labels
+    assert {"guide ∝ L¹", "guide ∝ L²"} <= set(labels)  # the guide slopes
+    assert ax.collections  # the 95% bands
+    ratios = np.concatenate([line.get_ydata() for line in residuals.get_lines()
+                             if len(line.get_ydata()) > 2])
+    assert np.allclose(ratios, 1, rtol=0.05)  # the synthetic times follow their law
     gflops = plots.gflops_by_backend(table, {"float32": 60.0})
     assert any("GEMM peak 60" in line.get_label() for line in gflops.axes[0].get_lines())
     error = plots.error_by_backend(table)
@@ -129,7 +135,7 @@ def test_report_is_rebuilt_from_a_sweep_folder(tmp_path):
     save_results(SweepResult(table=table, interrupted=False, seconds=1.0,
                              gemm_peaks={"float32": 60.0}, n_points=len(table)), tmp_path)
     titles = [section.title for section in collect_sections(tmp_path)]
-    assert titles == ["Sweep", "Scaling", "Machine"]
+    assert titles == ["Summary", "Sweep", "Scaling", "Machine"]
     assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text()
     assert_self_contained(page)

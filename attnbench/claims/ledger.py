@@ -1,7 +1,8 @@
 """The claims ledger: every claim of the source articles as a measured verdict.
 
-The 31 claims (ids C01–C31, as in the project's ``claims.md``) are listed in
-:data:`CLAIMS`.  Each has a check function (in :mod:`attnbench.claims.softmax`,
+The 31 claims (ids C01–C31, as in ``docs/claims.md``, which names each source
+article) are listed in :data:`CLAIMS`; :data:`SOURCES` gives each source's title.
+Each has a check function (in :mod:`attnbench.claims.softmax`,
 :mod:`attnbench.claims.attention`, :mod:`attnbench.claims.masking` and
 :mod:`attnbench.claims.cost`) that measures or
 computes what the claim is about and returns a :class:`Result`: the measured value(s),
@@ -47,13 +48,14 @@ from attnbench.claims import attention as att
 from attnbench.claims import cost, masking
 from attnbench.claims import softmax as sm
 from attnbench.claims.rules import ABOUT_RELATIVE, CAVEAT, ERROR, FAILS, HOLDS, VERDICTS, Result
-from attnbench.report.sections import Section
+from attnbench.report.sections import TONES, Section, tone_of
 
 __all__ = [
     "CLAIMS",
     "COLUMNS",
     "Claim",
     "Result",
+    "SOURCES",
     "format_ledger",
     "ledger_html",
     "ledger_json",
@@ -61,13 +63,29 @@ __all__ = [
     "verify_claims",
 ]
 
+#: Source number -> the article's title (an English translation; docs/claims.md has the
+#: original titles).
+SOURCES = {
+    "000": "Inside the Transformer (2): softmax and self-attention",
+    "001": "What is attention?",
+    "002": "3-2 Self-attention: the Transformer's core operation",
+    "004": "Understanding BERT #4: self-attention",
+}
+
+
+def source_titles(source: str) -> str:
+    """``"000, 002"`` -> the titles of those articles, one per line, numbers kept."""
+    return "\n".join(f"{number} {SOURCES.get(number, '')}".strip()
+                     for number in (part.strip() for part in source.split(",")) if number)
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim of the sources, with the function that checks it."""
 
     id: str  # "C01" ... "C31": stable across versions
     source: str  # which seed texts make it ("000, 002")
-    text: str  # the claim, paraphrased as in claims.md
+    text: str  # the claim in the project's words, as in docs/claims.md
     check: Callable[[], Result]
 
 
@@ -255,7 +273,8 @@ def format_ledger(ledger: pd.DataFrame, *, width: int = 100, details: bool = Fal
 
 
 #: Background colour of each verdict in the report's claims table.
-VERDICT_COLOURS = {HOLDS: "#d4f4dd", CAVEAT: "#fff1c2", FAILS: "#f9d0d0", ERROR: "#d9d9d9"}
+#: (The report's palette, :data:`attnbench.report.sections.TONES`: one colour per tone.)
+VERDICT_COLOURS = {word: TONES[tone_of(word)] for word in (HOLDS, CAVEAT, FAILS, ERROR)}
 
 
 def ledger_html(ledger: pd.DataFrame) -> str:
@@ -274,7 +293,9 @@ def ledger_html(ledger: pd.DataFrame) -> str:
                  f'style="background:{colour};font-weight:bold;white-space:nowrap">'
                  f"{html.escape(row.verdict)}</td>"]
         cells += [f"<td>{html.escape(str(getattr(row, name)))}</td>"
-                  for name in ("claim", "measured", "condition", "source")]
+                  for name in ("claim", "measured", "condition")]
+        cells.append('<td class="source">' + "<br>".join(
+            html.escape(line) for line in source_titles(row.source).splitlines()) + "</td>")
         out.append(f'<tr id="claim-{row.id}" data-verdict="{html.escape(row.verdict)}">'
                    + "".join(cells) + "</tr>")
     out.append("</tbody></table>")

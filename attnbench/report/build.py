@@ -26,14 +26,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import hosts, plots
+from attnbench.report import hosts, plots, summary
 from attnbench.report import html as html_report
 from attnbench.report.sections import Section
 from attnbench.studies import scaling
 from attnbench.sweep import files as sweep_files
 
 __all__ = ["REPORT_NAME", "agreement_section", "build_report", "collect_sections",
-           "machine_section", "sweep_section", "sweep_sections"]
+           "machine_section", "provenance", "sweep_section", "sweep_sections"]
 
 REPORT_NAME = "report.html"
 SECTIONS_DIR = "sections"
@@ -56,6 +56,7 @@ def agreement_section(table: pd.DataFrame) -> Section:
             "mask kind (none, causal, bottom-right causal, bool mask, key_lengths, dropout). "
             "A row agrees when its max abs error against the oracle is within the tolerance "
             "(2 × the error of the same formula computed in the input dtype + 4 ulps).")
+    text += _impossible_text(table)
     return Section(title="Agreement with the reference", anchor="agreement", text=text,
                    tables=[("Largest error per backend and dtype", summary),
                            ("Every case", shown)])
@@ -105,9 +106,11 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                shown)]
     not_ok = table[table["status"] != "ok"]
     if not not_ok.empty:
-        tables.insert(0, ("Points skipped or failed, with the reason",
-                          not_ok[["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask",
-                                  "dtype", "status", "reason"]]))
+        tables.insert(0, ("Points skipped or failed, one line per backend and reason",
+                          _not_ok_summary(not_ok)))
+        shown = shown[table["status"] == "ok"]
+        tables[-1] = ("Sweep results, one row per point that ran", shown)
+    text += _impossible_text(table)
     if "within_tolerance" in table:
         outside = table[table["within_tolerance"].astype("boolean").eq(False).fillna(False)]
         if not outside.empty:
@@ -126,6 +129,34 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
                         error_figure))
     return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def _impossible_text(table: pd.DataFrame) -> str:
+    """A warning for points above 100% of the peak: a measurement fault, not a result."""
+    if "pct_of_gemm_peak" not in table:
+        return ""
+    above = table[pd.to_numeric(table["pct_of_gemm_peak"], errors="coerce") > 100]
+    if above.empty:
+        return ""
+    worst = above.loc[above["pct_of_gemm_peak"].idxmax()]
+    where = worst.get("case", f"L = {worst.get('L', '?')}")
+    return (f"\n\nMeasurement fault: {len(above)} point(s) ran above 100% of the peak (up to "
+            f"{worst['pct_of_gemm_peak']:.0f}%, {worst['backend']} on {where}), which "
+            "no kernel can: this run's peak was measured too low (other processes slowed "
+            "the one GEMM it times). Read their % of peak as unknown, not as a result.")
+
+
+def _not_ok_summary(not_ok: pd.DataFrame) -> pd.DataFrame:
+    """Points that did not run, one line per (backend, status, reason), with their L values."""
+    reason = not_ok["reason"].astype(object).where(not_ok["reason"].notna(), "")
+    rows = []
+    for (backend, status, why), group in not_ok.assign(reason=reason).groupby(
+            ["backend", "status", "reason"], sort=False):
+        lengths = sorted(set(group["L"].astype(int)))
+        rows.append({"backend": backend, "status": status, "points": len(group),
+                     "L": " ".join(map(str, lengths)), "masks": " ".join(
+                         dict.fromkeys(group["mask"].astype(str))), "reason": why})
+    return pd.DataFrame(rows)
 
 
 def _gpu_text(table: pd.DataFrame) -> str:
@@ -156,28 +187,139 @@ def sweep_sections(table: pd.DataFrame, meta: dict | None = None) -> list[Sectio
     meta = meta or {}
     parts = hosts.groups(table)
     if len(parts) <= 1:
-        return [sweep_section(table, meta), *scaling.section(table, meta=meta)]
+        return [sweep_section(table, meta), *_scaling_sections(table, meta)]
     peaks = hosts.host_peaks(table)
     sections = [hosts.hosts_section(table)]
     for number, (label, rows) in enumerate(parts, start=1):
         group_meta = {key: value for key, value in meta.items()
                       if key not in ("n_points", "gemm_peak_gflops")}
         group_meta["gemm_peak_gflops"] = peaks.get(label, {})
-        for section in [sweep_section(rows, group_meta), *scaling.section(rows, meta=group_meta)]:
+        for section in [sweep_section(rows, group_meta), *_scaling_sections(rows, group_meta)]:
             section.title = f"{section.title}: {label}"
             section.anchor = f"{section.slug()}-{number}"
             sections.append(section)
     return sections
 
 
+#: Machine-record fields whose name alone would mislead, with what they are.
+MACHINE_LABELS = {"run_seconds": "agreement check seconds (attnbench run's first step)",
+                  "load_average_1m": "load average (1 min) before the run"}
+
+
+def _readable(value) -> str:
+    """A record value as text: numbers formatted, lists and dicts as ``key: value`` lists."""
+    from attnbench.report.tables import format_number
+
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else ("yes" if value else "no")
+    if isinstance(value, int | float):
+        return format_number(value)
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {_readable(item)}" for key, item in value.items()
+                         if item not in (None, "", [], {}))
+    if isinstance(value, list | tuple):
+        return " | ".join(_readable(item) for item in value)
+    return str(value)
+
+
+#: Columns of the verdicts table, in order (those a fits table has).
+VERDICT_TABLE = ("backend", "quantity", "variable", "mask", "dtype", "outcome", "exponent",
+                 "expected", "n_used", "verdict")
+
+
+def _power(variable: str, exponent: float) -> str:
+    exponent = round(float(exponent), 2)
+    if exponent == 0:
+        return "O(1)"
+    if exponent == 1:
+        return f"O({variable})"
+    power = {2: "²", 3: "³"}.get(exponent, f"^{exponent:g}")
+    return f"O({variable}{power})"
+
+
+def reading(row) -> str:
+    """A fit's verdict in plain words, from its numbers (its own text where the outcome is
+    not one of confirmed / not confirmed / inconclusive)."""
+    outcome, variable = str(row.get("outcome", "")), str(row.get("variable", "x"))
+    slope, ci, expected = row.get("slope"), row.get("ci95"), row.get("expected")
+    if pd.isna(slope):
+        n = row.get("n_used")
+        return (f"no fit: {0 if pd.isna(n) else int(n)} usable point(s), "
+                f"{getattr(scaling, 'MIN_POINTS', 3)} needed")
+    if outcome not in ("confirmed", "not confirmed", "inconclusive") or pd.isna(expected):
+        return str(row.get("verdict", ""))
+    ci = 0.0 if pd.isna(ci) else float(ci)
+    margin, max_ci = getattr(scaling, "MARGIN", 0.1), getattr(scaling, "MAX_CI", 0.3)
+    low, high = slope - ci, slope + ci
+    upper_bound = (row.get("quantity") == "memory"
+                   and getattr(scaling, "MEMORY_EXPONENTS", {}).get(row.get("backend"),
+                                                                    (None, False))[1])
+    claim = ("at most " if upper_bound else "") + _power(variable, expected)
+    if outcome == "inconclusive":
+        return (f"inconclusive: the 95% interval (±{ci:.2f}) is wider than ±{max_ci:g}, too "
+                "wide to tell exponents apart; measure again on a quieter machine "
+                "(--threads 1)")
+    if outcome == "confirmed":
+        if upper_bound:
+            return (f"{claim} confirmed: the slope's interval starts at {low:.2f}, at or "
+                    f"below {expected:g} + {margin:g}")
+        return (f"{claim} confirmed: {expected:g} lies within the slope's interval "
+                f"[{low:.2f}, {high:.2f}] widened by ±{margin:g}")
+    side = "below" if slope < expected else "above"
+    text = f"{claim} not confirmed: the slope {slope:.2f} ± {ci:.2f} is {side} {expected:g}"
+    nearest = round(float(slope))
+    if nearest != round(float(expected)):
+        text += f"; the nearest whole power is {_power(variable, nearest)}"
+    return text
+
+
+def verdicts_table(fits: pd.DataFrame) -> pd.DataFrame:
+    """One line per measured fit, the outcome early: what the scaling section concludes."""
+    measured = fits[fits["quantity"] != "flops"]
+    exponent = [("" if pd.isna(row.get("slope")) else f"{row['slope']:.2f}"
+                 + ("" if pd.isna(row.get("ci95")) else f" ± {row['ci95']:.2f}"))
+                for _, row in measured.iterrows()]
+    shown = measured.assign(exponent=exponent,
+                            verdict=[reading(row) for _, row in measured.iterrows()])
+    columns = ([hosts.GROUP_COLUMN] if hosts.GROUP_COLUMN in shown else []) + [
+        c for c in VERDICT_TABLE if c in shown]
+    return shown[columns].reset_index(drop=True)
+
+
+def _scaling_sections(table: pd.DataFrame, meta: dict) -> list[Section]:
+    """:func:`attnbench.studies.scaling.section`, its verdicts as a table, and more plots.
+
+    The verdict lines of the section's text become a table (outcome coloured); the plots
+    of time against d_k, heads and batch join those against L.
+    """
+    fits = scaling.scaling_table(table)
+    sections = scaling.section(table, fits=fits, meta=meta)
+    if fits.empty:
+        return sections
+    main = sections[0]
+    main.anchor = main.anchor or "scaling"
+    if "\n\nVerdicts:\n" in main.text:
+        main.text = main.text.split("\n\nVerdicts:\n")[0]
+    main.tables.insert(0, ("Verdicts: one line per fit (time and memory; FLOP counts are in "
+                           "the Fits table)", verdicts_table(fits)))
+    for variable, words in (("d_k", "head size d_k"), ("heads", "heads"),
+                            ("batch", "batch")):
+        figure = plots.time_vs_variable(table, fits, variable)
+        if figure is not None:
+            main.figures.append((f"Time against {words}, log-log, with the fitted law, its "
+                                 "95% band and an O(" + variable + ") guide", figure))
+    return sections
+
+
 def machine_section(record: dict, extra: dict | None = None) -> Section:
-    """The machine record as a two-column table (lists and dicts as JSON)."""
+    """The machine record as a two-column table whose values wrap (class ``kv``)."""
     items = {**record, **(extra or {})}
-    rows = [{"field": key, "value": value if isinstance(value, str | int | float) or value is None
-             else json.dumps(value, default=str)} for key, value in items.items()]
+    table = pd.DataFrame([{"field": MACHINE_LABELS.get(key, key), "value": _readable(value)}
+                          for key, value in items.items()])
+    table.attrs["html_class"] = "kv"
     return Section(title="Machine", anchor="machine",
                    text="Where and with what this report's numbers were measured.",
-                   tables=[("Machine record", pd.DataFrame(rows))])
+                   tables=[("Machine record", table)])
 
 
 def _read_json(path: Path) -> dict:
@@ -196,16 +338,21 @@ def collect_sections(folder) -> list[Section]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     sections = []
+    agreement = None
     if (folder / "agreement.csv").exists():
-        sections.append(agreement_section(pd.read_csv(folder / "agreement.csv")))
+        agreement = pd.read_csv(folder / "agreement.csv")
+        sections.append(agreement_section(agreement))
     meta = {}
     try:
         table, meta = sweep_files.load_results(folder)
     except FileNotFoundError:
         table = None
+    fits = None
     if table is not None and not table.empty:
         sections += sweep_sections(table, meta)
-    sections += html_report.load_sections(folder / SECTIONS_DIR)
+        fits = hosts.scaling_by_group(table, scaling.scaling_table)
+    saved = html_report.load_sections(folder / SECTIONS_DIR)
+    sections += saved
     if not sections:
         raise FileNotFoundError(
             f"{folder} holds no results: expected agreement.csv, sweep.parquet/sweep.csv or "
@@ -215,22 +362,61 @@ def collect_sections(folder) -> list[Section]:
         extra = ({"gemm_peak_gflops (sweep)": meta["gemm_peak_gflops"]}
                  if "gemm_peak_gflops" in meta else {})
         sections.append(machine_section(record, extra))
-    return sections
+    found = summary.cards(agreement=agreement, sweep=table, fits=fits, sections=saved,
+                          record=_read_json(folder / "machine.json"), meta=meta)
+    return [summary.summary_section(found), *sections]
+
+
+def _when(path: Path) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def provenance(folder) -> list[str]:
+    """Which command wrote each kind of result in ``folder``, and when (file times).
+
+    ``run.json`` marks ``attnbench run``'s agreement check and sections; ``sweep.json``
+    names the command that wrote the sweep (results older than that field are said to
+    come from an unnamed command).  Nothing is claimed that the files do not record.
+    """
+    folder = Path(folder)
+    run = _read_json(folder / "run.json")
+    run_name = f"attnbench run --grid {run.get('grid', '?')}" if run else ""
+    lines = []
+    for name, what in (("agreement.csv", "the agreement check"),
+                       (SECTIONS_DIR, "the studies and the claims (sections/)")):
+        if (folder / name).exists():
+            writer = run_name or "attnbench run"
+            lines.append(f"{what}: {writer}, {_when(folder / name)}")
+    meta_path = folder / "sweep.json"
+    if meta_path.exists() or (folder / "sweep.csv").exists():
+        meta = _read_json(meta_path)
+        writer = meta.get("command") or "a command that did not record its name"
+        source = meta_path if meta_path.exists() else folder / "sweep.csv"
+        lines.append(f"the sweep (sweep.*): {writer}, {_when(source)}")
+    return lines
 
 
 def _subtitle(folder: Path) -> str:
     run = _read_json(folder / "run.json")
-    machine = _read_json(folder / "machine.json") or _read_json(folder / "sweep.json").get(
-        "machine", {})
+    sweep_meta = _read_json(folder / "sweep.json")
+    machine = _read_json(folder / "machine.json") or sweep_meta.get("machine", {})
     parts = []
     if machine:
         parts.append(f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores', '?')} "
                      f"usable cores, Numba {machine.get('numba', '?')} "
                      f"({machine.get('numba_threads', '?')} threads).")
     seconds = run.get("seconds_before_report", run.get("seconds"))
-    if seconds:
+    sweep_writer = sweep_meta.get("command", "")
+    has_sweep = (folder / "sweep.json").exists() or (folder / "sweep.csv").exists()
+    if seconds and (not has_sweep or sweep_writer.startswith("attnbench run")):
         parts.append(f"attnbench run (grid '{run.get('grid')}') measured everything here in "
                      f"{seconds:.0f} s.")
+    else:
+        lines = provenance(folder)
+        if lines:
+            parts.append("Read from " + folder.name + ": " + "; ".join(lines) + ".")
     return " ".join(parts)
 
 
@@ -252,5 +438,8 @@ def command(args) -> int:
     except FileNotFoundError as exc:
         print(f"attnbench report: error: {exc}", file=sys.stderr)
         return 2
+    print(f"Read {args.folder}:")
+    for line in provenance(args.folder):
+        print(f"  {line}")
     print(f"Wrote {path}")
     return 0

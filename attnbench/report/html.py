@@ -29,31 +29,57 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.sections import Section
+from attnbench.report.tables import claims_filter, claims_filter_css, table_html
 
-__all__ = ["figure_png", "load_sections", "render_html", "save_sections", "write_html"]
+__all__ = ["figure_png", "load_sections", "render_html", "save_sections", "table_html",
+           "write_html"]
 
 #: Resolution of embedded figures.
 DPI = 100
+#: Tables with more rows than this scroll vertically inside their box.
+TALL_ROWS = 40
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto;
        max-width: 1200px; padding: 1em 2em 4em; color: #222; line-height: 1.45; }
 h1 { margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #ddd; padding-top: 0.6em; }
-.subtitle { color: #555; margin-top: 0; }
+.subtitle { color: #555; margin-top: 0; overflow-wrap: anywhere; }
 nav#toc { background: #f6f8fa; border: 1px solid #ddd; padding: 0.5em 1.5em; }
-nav#toc ol { margin: 0.3em 0; }
-p.text { white-space: pre-line; }
+nav#toc ol { margin: 0.3em 0; columns: 2; }
+p.text { white-space: pre-line; overflow-wrap: anywhere; }
 figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; margin: 0.3em 0; }
-figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-div.scroll { overflow-x: auto; max-height: 40em; overflow-y: auto; }
-table { border-collapse: collapse; font-size: 0.82em; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; vertical-align: top; }
-th { background: #f0f0f0; position: sticky; top: 0; }
-td:first-child, th:first-child { text-align: left; }
-table.data td { white-space: nowrap; }
-table.claims td { text-align: left; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; box-sizing: border-box; }
+div.scroll { overflow-x: auto; max-width: 100%; border: 1px solid #ddd; }
+div.scroll.tall { max-height: 36em; overflow-y: auto; }
+table { border-collapse: separate; border-spacing: 0; font-size: 0.82em; }
+th, td { border-right: 1px solid #ddd; border-bottom: 1px solid #ddd; padding: 2px 6px;
+         text-align: left; vertical-align: top; background: #fff; }
+th { background: #f0f0f0; position: sticky; top: 0; z-index: 2; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.long { min-width: 22em; max-width: 36em; overflow-wrap: anywhere; }
+td:first-child, th:first-child { position: sticky; left: 0; z-index: 1;
+                                 box-shadow: 1px 0 0 #bbb; }
+th:first-child { z-index: 3; }
+td:first-child { background: #fafafa; }
+table.claims { width: 100%; } table.claims td { overflow-wrap: anywhere; }
+table.claims td:nth-child(3) { min-width: 14em; } table.claims td:nth-child(4) { min-width: 18em; }
+table.claims td:nth-child(5) { min-width: 12em; } table.claims td.source { min-width: 12em; }
+table.kv { width: 100%; table-layout: fixed; } table.kv td:first-child { width: 16em; }
+table.kv td { overflow-wrap: anywhere; white-space: normal; text-align: left; }
+.tone-ok { background: #d4f4dd; } .tone-warn { background: #fff1c2; }
+.tone-bad { background: #f9d0d0; } .tone-none { background: #e8e8e8; }
+div.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(17em, 1fr));
+            gap: 0.8em; margin: 1em 0; }
+a.card { display: flex; flex-direction: column; gap: 0.2em; padding: 0.7em 0.9em;
+         border-radius: 6px; border: 1px solid #bbb; color: inherit; text-decoration: none; }
+a.card:hover { border-color: #333; }
+a.card .question { font-size: 0.85em; color: #444; }
+a.card .verdict { font-size: 1.15em; font-weight: bold; }
+a.card .number { font-variant-numeric: tabular-nums; }
+a.card ul { margin: 0.3em 0 0; padding-left: 1.1em; font-size: 0.8em; color: #333; }
+div.filter { margin: 0.4em 0; font-size: 0.9em; }
+div.filter label { margin-right: 1em; white-space: nowrap; }
 """
-
 
 def figure_png(figure) -> bytes:
     """PNG bytes of a matplotlib Figure (rendered with Agg), of PNG bytes, or of a PNG file."""
@@ -69,24 +95,6 @@ def figure_png(figure) -> bytes:
 def _paragraphs(text: str) -> str:
     blocks = [block.strip() for block in re.split(r"\n\s*\n", text or "") if block.strip()]
     return "\n".join(f'<p class="text">{html.escape(block)}</p>' for block in blocks)
-
-
-def _format_float(value: float) -> str:
-    if value != value:  # nan
-        return ""
-    if value == int(value) and abs(value) < 1e15:
-        return f"{int(value):,}"
-    return f"{value:.4g}"
-
-
-def table_html(table: pd.DataFrame) -> str:
-    """A table as HTML: its ready-made ``attrs["html"]``, or pandas' rendering."""
-    ready = table.attrs.get("html")
-    if ready:
-        return str(ready)
-    classes = ["data"] + ([table.attrs["html_class"]] if table.attrs.get("html_class") else [])
-    return table.to_html(index=False, na_rep="", float_format=_format_float, border=0,
-                         classes=classes, table_id=table.attrs.get("html_id"), escape=True)
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -125,10 +133,14 @@ def render_html(sections, *, title: str = "attnbench report", subtitle: str = ""
     body = []
     for slug, section in zip(slugs, sections, strict=True):
         parts = [f'<section id="{slug}">', f"<h2>{html.escape(section.title)}</h2>",
-                 _paragraphs(section.text)]
+                 _paragraphs(section.text), section.html]
         for caption, table in section.tables:
+            rendered = table_html(table)
+            controls = claims_filter(rendered) if 'id="claims-table"' in rendered else ""
+            # long tables scroll inside a box of their own; the claims ledger never does
+            tall = " tall" if len(table) > TALL_ROWS and not controls else ""
             parts.append(f'<figure class="table"><figcaption>{html.escape(caption)}'
-                         f"</figcaption>\n<div class=\"scroll\">{table_html(table)}</div>"
+                         f"</figcaption>{controls}\n<div class=\"scroll{tall}\">{rendered}</div>"
                          "</figure>")
         for caption, figure in section.figures:
             parts.append(f"<figure>{_img(figure_png(figure), caption)}"
@@ -139,7 +151,8 @@ def render_html(sections, *, title: str = "attnbench report", subtitle: str = ""
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{html.escape(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+        f"<title>{html.escape(title)}</title>", f"<style>{_CSS}{claims_filter_css()}</style>",
+        "</head>", "<body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="subtitle">{html.escape(subtitle or "")} Generated {generated}.</p>',
         f'<nav id="toc"><strong>Contents</strong><ol>{toc}</ol></nav>',
@@ -181,7 +194,7 @@ def save_sections(sections, folder) -> list[Path]:
         target = folder / f"{index:02d}-{slug}"
         target.mkdir()
         manifest = {"title": section.title, "text": section.text, "anchor": section.anchor,
-                    "tables": [], "figures": []}
+                    "html": section.html, "tables": [], "figures": []}
         for number, (caption, table) in enumerate(section.tables):
             entry = {"caption": caption, "csv": f"table{number}.csv",
                      "attrs": {key: value for key, value in table.attrs.items()
@@ -218,5 +231,5 @@ def load_sections(folder) -> list[Section]:
                    for entry in manifest["figures"]]
         sections.append(Section(title=manifest["title"], text=manifest["text"],
                                 anchor=manifest.get("anchor", ""), tables=tables,
-                                figures=figures))
+                                figures=figures, html=manifest.get("html", "")))
     return sections

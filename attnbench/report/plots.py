@@ -52,13 +52,19 @@ def _length_series(table: pd.DataFrame, keys):
             yield dict(zip(keys, key, strict=True)), series.sort_values("L")
 
 
-def _length_axis(ax, lengths) -> None:
-    """Log x axis with a labelled tick at each L of the data, no minor tick labels."""
+#: Axis labels of the swept variables.
+AXIS_LABELS = {"L": "sequence length L (tokens)", "d_k": "head size d_k",
+               "heads": "heads H", "batch": "batch size B"}
+
+
+def _length_axis(ax, lengths, variable: str = "L", *, label: bool = True) -> None:
+    """Log x axis with a labelled tick at each value of the data, no minor tick labels."""
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(FixedLocator(sorted(set(lengths))))
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(float(x) for x in lengths))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("sequence length L")
+    if label:
+        ax.set_xlabel(AXIS_LABELS.get(variable, variable))
 
 
 def _varying(panel: pd.DataFrame, keys) -> dict:
@@ -78,67 +84,167 @@ def _series_label(fixed: dict, varying: dict) -> str:
     return " ".join([label, *extras])
 
 
-def _fit_row(fits: pd.DataFrame | None, quantity: str, fixed: dict):
-    """The row of ``fits`` for this L series, or None."""
+def _same(a, b) -> bool:
+    """Equal as numbers where both are numbers (fits hold 1024.0 where the sweep has 1024)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def _fit_row(fits: pd.DataFrame | None, quantity: str, fixed: dict, variable: str = "L"):
+    """The row of ``fits`` for this series (``quantity`` against ``variable``), or None."""
     if fits is None or fits.empty:
         return None
-    rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == "L")]
+    rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == variable)]
     for name, value in fixed.items():
-        rows = rows[rows[name].astype(str) == str(value)]
+        if name in rows and name != variable:
+            rows = rows[[_same(cell, value) for cell in rows[name]]]
     return None if rows.empty else rows.iloc[0]
 
 
-def time_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Figure | None:
-    """Median time against L per backend, log-log, one panel per mask kind."""
+def _band(ax, fit, color, scale: float = 1.0) -> None:
+    """The fitted law and its 95% band: slopes slope ± ci95 pivoting on the fit's centre.
+
+    ``scale`` divides the fit's values (e.g. 2**20 for a fit in bytes drawn in MiB).
+    """
+    xs = np.geomspace(fit.x_min, fit.x_max, 40)
+    x0 = float(np.sqrt(fit.x_min * fit.x_max))
+    y0 = float(fit.predict(x0)) / scale
+    ax.plot(xs, fit.predict(xs) / scale, "-", color=color, lw=1.5)
+    if np.isfinite(fit.ci95) and fit.ci95 > 0:
+        low, high = y0 * (xs / x0) ** (fit.slope - fit.ci95), y0 * (xs / x0) ** (fit.slope +
+                                                                                 fit.ci95)
+        ax.fill_between(xs, np.minimum(low, high), np.maximum(low, high), color=color,
+                        alpha=0.15, lw=0)
+
+
+def _guides(ax, x, y, variable: str, powers=(1, 2)) -> None:
+    """Dotted guide lines of slope 1 and 2 through the geometric centre of the points."""
+    keep = (np.asarray(y) > 0) & (np.asarray(x) > 0)
+    x, y = np.asarray(x, float)[keep], np.asarray(y, float)[keep]
+    if len(np.unique(x)) < 2:
+        return
+    x0, y0 = float(np.exp(np.log(x).mean())), float(np.exp(np.log(y).mean()))
+    xs = np.geomspace(x.min(), x.max(), 20)
+    for power, style in zip(powers, (":", "--"), strict=False):
+        ax.plot(xs, y0 * (xs / x0) ** power, style, color="gray", lw=1,
+                label=f"guide ∝ {variable}{'²' if power == 2 else '¹'}")
+
+
+def _stops(table: pd.DataFrame, fixed: dict, variable: str, last, panel_last) -> str:
+    """Why a series ends before the others of its panel: the reason of a point not run, or
+    the grid."""
+    if last >= panel_last:
+        return ""
+    rows = table
+    for name, value in fixed.items():
+        if name in rows and name != variable:
+            rows = rows[[_same(cell, value) for cell in rows[name]]]
+    later = rows[(rows[variable] > last) & (rows["status"] != "ok")]
+    if not later.empty and str(later["reason"].iloc[0]).strip():
+        reason = str(later["reason"].iloc[0]).strip()
+        return f" (stops at {variable}={last:g}: {reason[:50]}{'…' if len(reason) > 50 else ''})"
+    return f" (stops at {variable}={last:g}: not in the grid beyond)"
+
+
+def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: str,
+                   variable: str, column: str, ylabel: str, title: str,
+                   panel_by: str | None = "mask", keys=None,
+                   scale: float = 1.0) -> Figure | None:
+    """Measured points, the fitted law with its 95% band, guides, and residuals below.
+
+    One column of panels per value of ``panel_by``: on top ``column`` against ``variable``
+    log-log per series (filled: points the fit used, hollow: left out; values divided by
+    ``scale``, the unit of the fits over that of the axis), each fitted law as
+    a line with its band (the slopes slope ± ci95) and guide lines of slope 1 and 2; below,
+    each used point over its fitted value (1 = on the law).  The legend sits under the
+    panels, off the data; a series that ends early says why.
+    """
     from attnbench.studies.scaling import fit_from_row, fit_mask
 
-    data = _ok(table)
-    data = data.assign(_used=fit_mask(data, "time"))
-    masks = [m for m in dict.fromkeys(data["mask"])
-             if data[data["mask"] == m]["L"].nunique() >= 2]
-    if not masks:
+    keys = keys or [k for k in SERIES_KEYS + ["L", "mask"] if k != variable
+                    and not (variable == "heads" and k == "kv_heads")]
+    if variable == "heads" and "heads_per_kv" not in keys:  # GQA: the ratio stays fixed
+        keys = [*keys, "heads_per_kv"]
+    values = column(table) if callable(column) else table[column]
+    data = table.assign(_used=fit_mask(table, quantity).to_numpy(bool), _value=values / scale,
+                        heads_per_kv=table["heads"] // table["kv_heads"])
+    data = data[(data["status"] == "ok") & (data["_value"] > 0)]
+    series_of = [(f, s) for f, s in _series(data, keys, variable)]
+    panels = list(dict.fromkeys(f.get(panel_by) for f, _ in series_of)) if panel_by else [None]
+    if not series_of:
         return None
-    fig = Figure(figsize=(5.2 * len(masks), 4.4), layout="constrained")
-    axes = fig.subplots(1, len(masks), squeeze=False)[0]
-    for ax, mask in zip(axes, masks, strict=True):
-        panel = data[data["mask"] == mask]
-        varying = _varying(panel, SERIES_KEYS)
-        used_all = []
-        for fixed, series in _length_series(panel, SERIES_KEYS):
+    fig = Figure(figsize=(max(6.0, 5.4 * len(panels)), 6.6), layout="constrained")
+    grid = fig.subplots(2, len(panels), squeeze=False, sharex="col",
+                        gridspec_kw={"height_ratios": [3, 1]})
+    for index, panel in enumerate(panels):
+        ax, res = grid[0][index], grid[1][index]
+        mine = [(f, s) for f, s in series_of if panel_by is None or f.get(panel_by) == panel]
+        panel_last = max(s[variable].max() for _, s in mine)
+        varying = _varying(pd.concat([s for _, s in mine]), SERIES_KEYS)
+        used_points = []
+        for fixed, series in mine:
             color = _color(fixed["backend"])
-            x, y = series["L"].to_numpy(), series["median_ms"].to_numpy()
-            yerr = np.vstack([y - series["q25_ms"], series["q75_ms"] - y]).clip(min=0)
+            x, y = series[variable].to_numpy(float), series["_value"].to_numpy(float)
             used = series["_used"].to_numpy(bool)
-            ax.errorbar(x, y, yerr=yerr, fmt="none", ecolor=color, alpha=0.6)
             ax.plot(x[used], y[used], "o", color=color)
             ax.plot(x[~used], y[~used], "o", mfc="none", color=color)
-            used_all.append(series[used])
-            label = _series_label({**fixed, "mask": mask}, varying)
-            row = _fit_row(fits, "time", {**fixed, "mask": mask})
+            used_points.append(series[used])
+            label = _series_label(fixed, varying)
+            row = _fit_row(fits, quantity, {**fixed, **({panel_by: panel} if panel_by else {})},
+                           variable)
             fit = None if row is None else fit_from_row(row)
             if fit is not None:
-                xs = np.geomspace(fit.x_min, fit.x_max, 50)
-                label += f": L^{fit.slope:.2f} ± {fit.ci95:.2f}"
-                ax.plot(xs, fit.predict(xs), "-", color=color, label=label)
+                _band(ax, fit, color, scale)
+                label += f": {variable}^{fit.slope:.2f} ± {fit.ci95:.2f}"
+                res.plot(x[used], y[used] * scale / fit.predict(x[used]), "o-", color=color,
+                         ms=4)
             else:
-                ax.plot(x, y, ":", color=color, label=label + " (no fit)")
-        _l2_guide(ax, pd.concat(used_all) if used_all else panel, "median_ms", 2, "∝ L²")
-        ax.set(yscale="log", ylabel="median time (ms)", title=f"mask: {mask}")
-        _length_axis(ax, panel["L"])
-        ax.legend(fontsize="small", loc="upper left")
+                label += " (no fit: too few usable points)"
+            label += _stops(table, {**fixed, **({panel_by: panel} if panel_by else {})},
+                            variable, x.max(), panel_last)
+            ax.plot([], [], "o-", color=color, label=label)
+        used_all = pd.concat(used_points)
+        guide = used_all if used_all[variable].nunique() >= 2 else pd.concat(
+            [s for _, s in mine])
+        _guides(ax, guide[variable], guide["_value"], variable)
+        ax.plot([], [], "o", mfc="none", color="gray", label="left out of the fit (overhead)")
+        ax.fill_between([], [], color="gray", alpha=0.15, label="95% band of the slope")
+        ax.set(yscale="log", ylabel=ylabel,
+               title=title + (f", {panel_by}: {panel}" if panel_by else ""))
         ax.grid(True, which="both", alpha=0.3)
+        res.axhline(1, color="gray", lw=1)
+        res.set(ylabel="measured / fit")
+        res.grid(True, which="both", alpha=0.3)
+        _length_axis(res, pd.concat([s for _, s in mine])[variable], variable)
+        _length_axis(ax, pd.concat([s for _, s in mine])[variable], variable, label=False)
+        res.legend(*ax.get_legend_handles_labels(), fontsize="x-small", loc="upper center",
+                   bbox_to_anchor=(0.5, -0.45), ncols=1, frameon=False)
     return fig
 
 
-def _l2_guide(ax, data: pd.DataFrame, column: str, power: float, label: str) -> None:
-    """A dashed line of slope ``power`` through the geometric centre of ``data``."""
-    data = data[data[column] > 0]
-    if data["L"].nunique() < 2:
-        return
-    x0 = float(np.exp(np.log(data["L"]).mean()))
-    y0 = float(np.exp(np.log(data[column]).mean()))
-    xs = np.geomspace(data["L"].min(), data["L"].max(), 20)
-    ax.plot(xs, y0 * (xs / x0) ** power, "--", color="gray", label=label)
+def _series(table: pd.DataFrame, keys, variable: str):
+    """Groups of ``table`` by ``keys`` with at least two values of ``variable``, sorted."""
+    for key, series in table.groupby(keys, sort=False, dropna=False):
+        if series[variable].nunique() >= 2:
+            yield dict(zip(keys, key, strict=True)), series.sort_values(variable)
+
+
+def time_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Figure | None:
+    """Median time against L per backend, one column per mask kind (:func:`scaling_figure`)."""
+    return scaling_figure(table, fits, quantity="time", variable="L", column="median_ms",
+                          ylabel="median time per call (ms)", title="Time against L")
+
+
+def time_vs_variable(table: pd.DataFrame, fits: pd.DataFrame | None,
+                     variable: str) -> Figure | None:
+    """Median time against d_k, heads or batch (the series that vary it), with their fits."""
+    if variable not in table or table[variable].nunique() < 2:
+        return None
+    return scaling_figure(table, fits, quantity="time", variable=variable, column="median_ms",
+                          ylabel="median time per call (ms)", title=f"Time against {variable}",
+                          panel_by=None)
 
 
 def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict, *,
@@ -170,14 +276,33 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict, *,
     return fig
 
 
+def _oracle_note(table: pd.DataFrame) -> str:
+    """Where the error stops being computed (the oracle's limit), from the rows' ``oracle``."""
+    import re
+
+    if "oracle" not in table:
+        return ""
+    skipped = table[(table["status"] == "ok")
+                    & table["oracle"].astype(str).str.startswith("oracle skipped")]
+    if skipped.empty:
+        return ""
+    limit = re.search(r"limit ([\d,]+)", str(skipped["oracle"].iloc[0]))
+    return ("\nno error beyond the oracle's limit"
+            + (f" (B·H·L² ≤ {limit.group(1)} score entries)" if limit else "")
+            + f": {len(skipped)} larger point(s) unchecked")
+
+
 def error_by_backend(table: pd.DataFrame) -> Figure | None:
-    """Max abs error against the oracle per backend (markers: mask kind), and the tolerance."""
+    """Max abs error against the oracle per backend (markers: mask kind), and the tolerance.
+
+    The legend sits under the axes; the title says where errors stop being computed.
+    """
     data = _ok(table)
     data = data[np.isfinite(data["max_abs_err"].astype(float))]
     if data.empty:
         return None
     dtypes = sorted(data["dtype"].unique())
-    fig = Figure(figsize=(5.5 * len(dtypes), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(6.5, 5.5 * len(dtypes)), 5.6), layout="constrained")
     axes = fig.subplots(1, len(dtypes), squeeze=False)[0]
     for ax, dtype in zip(axes, dtypes, strict=True):
         panel = data[data["dtype"] == dtype]
@@ -193,48 +318,31 @@ def error_by_backend(table: pd.DataFrame) -> Figure | None:
         tolerance = panel.groupby("L")["tolerance"].max()
         ax.plot(tolerance.index, tolerance.to_numpy(), "k_", markersize=18, mew=2,
                 label="tolerance (largest per L)")
-        ax.set(yscale="log", ylabel="max |error| against the oracle", title=dtype)
+        ax.set(yscale="log", ylabel="max |output − oracle|",
+               title=f"Error against the oracle, {dtype}"
+               + _oracle_note(table[table["dtype"] == dtype]))
+        ax.title.set_fontsize(10)
         _length_axis(ax, panel["L"])
-        ax.legend(fontsize="x-small", ncol=2)
+        ax.legend(fontsize="x-small", ncols=3, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16), frameon=False)
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
 
 def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> Figure | None:
-    """Memory that grows with the problem against L, per backend and mask, log-log, with fits.
+    """Memory that grows with the problem against L, per backend and mask, with the fits.
 
     The y axis is the peak extra memory of one call minus that of the backend's smallest
     call (:func:`attnbench.studies.scaling.memory_growth`), the quantity the fits are made on.
     """
-    from attnbench.studies.scaling import fit_from_row, memory_growth
+    from attnbench.studies.scaling import memory_growth
 
-    data = _ok(table)
-    data = data.assign(_growth=memory_growth(data))
-    data = data[data["_growth"] > 0]
-    keys = SERIES_KEYS + ["mask"]
-    series_list = list(_length_series(data, keys))
-    if not series_list:
+    if "peak_mem_bytes" not in table:
         return None
-    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
-    ax = fig.subplots()
-    for fixed, series in series_list:
-        color = _color(fixed["backend"])
-        method = series["memory_method"].iloc[0]
-        label = f"{fixed['backend']}, {fixed['mask']}" + (" (RSS)" if method == "rss" else "")
-        row = _fit_row(fits, "memory", fixed)
-        fit = None if row is None else fit_from_row(row)
-        linestyle = "-" if fixed["mask"] == "none" else ":"
-        if fit is not None:
-            label += f": L^{fit.slope:.2f} ± {fit.ci95:.2f}"
-            xs = np.geomspace(fit.x_min, fit.x_max, 20)
-            ax.plot(xs, fit.predict(xs) / 2**20, linestyle, color=color, alpha=0.5)
-        ax.plot(series["L"], series["_growth"] / 2**20, MARKERS.get(fixed["mask"], "o"),
-                color=color, linestyle="none", label=label)
-    ax.set(yscale="log", ylabel="peak extra memory − smallest call's (MiB)")
-    _length_axis(ax, data["L"])
-    ax.legend(fontsize="x-small", loc="upper left")
-    ax.grid(True, which="both", alpha=0.3)
-    return fig
+    return scaling_figure(table, fits, quantity="memory", variable="L",
+                          column=memory_growth, scale=2**20,
+                          ylabel="peak extra memory − smallest call's (MiB)",
+                          title="Memory against L")
 
 
 #: The example sentence of the heat maps.
@@ -308,7 +416,7 @@ def heatmap_section() -> list[Section]:
             f"Measured on these weights: the largest causal weight above the diagonal is "
             f"{above_diagonal:g}; the largest weight on a <pad> key is {on_pads:g} (the pad "
             "rows still attend to the words: a padding mask hides keys, not queries); "
-            f"row sums lie in [{row_sums.min():.17g}, {row_sums.max():.17g}]; the largest "
+            f"row sums differ from 1 by at most {np.abs(row_sums - 1).max():.1e}; the largest "
             f"weight without a mask is {full.max():.3f}.")
     return [Section(title="Attention heat maps", text=text,
                     figures=[("Attention weights on an example sentence",

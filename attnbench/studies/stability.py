@@ -231,14 +231,14 @@ def overflow_study(n_keys: int = 128) -> pd.DataFrame:
 
     cases = [
         ("one logit x, two logits 0: exp(x) overflows, inf/inf = NaN",
-         lambda x: np.array([x, 0, 0], f32), f"ln(float32 max) = {max_log:.4f}"),
+         lambda x: np.array([x, 0, 0], f32), f"ln(float32 max) = {max_log:.6g}"),
         (f"{n_keys} equal logits x: the sum overflows, every weight a silent 0",
          lambda x: np.full(n_keys, x, f32),
-         f"ln(float32 max) − ln {n_keys} = {max_log - np.log(n_keys):.4f}"),
+         f"ln(float32 max) − ln {n_keys} = {max_log - np.log(n_keys):.6g}"),
         (f"{n_keys} equal logits −x: every exp underflows, 0/0 = NaN",
          lambda x: np.full(n_keys, -x, f32),
          f"exp(−x) rounds to 0 below half the smallest subnormal 2^−149: "
-         f"x > 150·ln 2 = {150 * np.log(2):.4f}"),
+         f"x > 150·ln 2 = {150 * np.log(2):.6g}"),
     ]
     rows = []
     for name, make, formula in cases:
@@ -313,10 +313,20 @@ def summary(study: pd.DataFrame) -> str:
         f"{raw['logit_var'][hi]:.0f}): the largest weight rises from "
         f"{raw['max_weight_mean'][lo]:.2f} to {raw['max_weight_mean'][hi]:.2f}, "
         f"{raw['one_hot_fraction'][hi]:.0%} of rows are nearly one-hot (max > "
-        f"{ONE_HOT_THRESHOLD}) at d_k = {hi}, and the Jacobian norm falls from "
-        f"{raw['jacobian_fro_mean'][lo]:.3f} to {raw['jacobian_fro_mean'][hi]:.3f} "
-        f"(scaled: {scaled['jacobian_fro_mean'][hi]:.3f})."
+        f"{ONE_HOT_THRESHOLD}) at d_k = {hi}, and the Jacobian norm "
+        + _jacobian_path(raw["jacobian_fro_mean"])
+        + f" (scaled: {scaled['jacobian_fro_mean'][hi]:.3f})."
     )
+
+
+def _jacobian_path(norms: pd.Series) -> str:
+    """How the unscaled Jacobian norm moves with d_k, its peak included (it may rise first)."""
+    lo, hi, peak = norms.index.min(), norms.index.max(), norms.idxmax()
+    if peak in (lo, hi):
+        verb = "falls" if norms[hi] < norms[lo] else "rises"
+        return f"{verb} from {norms[lo]:.3f} at d_k = {lo} to {norms[hi]:.3f} at d_k = {hi}"
+    return (f"goes from {norms[lo]:.3f} at d_k = {lo} up to {norms[peak]:.3f} at d_k = {peak}, "
+            f"then down to {norms[hi]:.3f} at d_k = {hi}")
 
 
 def section(scaling: pd.DataFrame | None = None, temperature: pd.DataFrame | None = None,

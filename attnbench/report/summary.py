@@ -1,0 +1,273 @@
+"""The cards at the top of the report: one per question the suite answers.
+
+Each :class:`Card` carries a verdict word, a *tone* (the colour: :data:`TONES`), the
+number behind the verdict and the anchor of the section that shows the evidence.
+:func:`cards` builds them from what a results folder holds; every rule that decides a
+card's verdict is written in the function that builds it, and reuses the verdicts the
+sections below already decided (the scaling fits' outcomes, the claims' verdicts) rather
+than deciding them again.
+
+The questions, in order: agreement with the reference; O(L²) time, one card per backend;
+O(L) memory of the fused kernel; the softmax's stability with the 1/√d_k scale; parameter
+arithmetic; the claims ledger; the machine and its noise.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attnbench.report.sections import TONES, Section, tone_of
+
+__all__ = ["Card", "cards", "render_cards", "summary_section"]
+
+
+@dataclass
+class Card:
+    """One question of the summary and its answer."""
+
+    question: str  # e.g. "O(L²) time: numba"
+    verdict: str  # the answer in words, e.g. "confirmed"
+    tone: str  # "ok", "warn", "bad" or "none" (nothing measured): the card's colour
+    number: str  # the number behind the verdict, e.g. "time ∝ L^1.98 ± 0.03"
+    link: str  # anchor of the section with the evidence
+    lines: list[str] = field(default_factory=list)  # further short facts
+
+
+def _worst(tones) -> str:
+    tones = [t for t in tones if t != "none"]
+    for tone in ("bad", "warn", "ok"):
+        if tone in tones:
+            return tone
+    return "none"
+
+
+def _pm(row) -> str:
+    ci = row.get("ci95")
+    if pd.isna(row.get("slope")):
+        return "no fit"
+    return f"^{row['slope']:.2f}" + ("" if pd.isna(ci) else f" ± {ci:.2f}")
+
+
+def _usable(row) -> str:
+    n = row.get("n_used")
+    return "too few usable points" if pd.isna(n) else f"{int(n)} usable point(s), 3 needed"
+
+
+def _outcome(row) -> str:
+    """The fit's outcome (``outcome`` column, else read from the verdict text)."""
+    outcome = row.get("outcome")
+    if isinstance(outcome, str) and outcome:
+        return outcome
+    text = str(row.get("verdict", ""))
+    for word in ("not confirmed", "confirmed", "inconclusive"):
+        if word in text:
+            return word
+    return "measured"
+
+
+def agreement_card(agreement: pd.DataFrame | None, sweep: pd.DataFrame | None) -> Card:
+    """Every backend against the oracle: agree only if every checked row is within tolerance."""
+    lines, tones, checked, agree = [], [], 0, 0
+    if agreement is not None and not agreement.empty:
+        ok = agreement["ok"].astype(bool)
+        checked, agree = len(ok), int(ok.sum())
+        tones.append("ok" if ok.all() else "bad")
+        lines.append(f"agreement check: {agree}/{checked} (case, dtype, backend) rows")
+    if sweep is not None and "within_tolerance" in sweep:
+        within = sweep["within_tolerance"].astype("boolean").dropna()
+        if len(within):
+            tones.append("ok" if within.all() else "bad")
+            lines.append(f"sweep: {int(within.sum())}/{len(within)} points within tolerance")
+            checked, agree = checked + len(within), agree + int(within.sum())
+    tone = _worst(tones)
+    verdict = {"ok": "all agree", "bad": "disagreement", "none": "not checked"}[tone]
+    return Card("Kernels agree with the reference", verdict, tone,
+                f"{agree}/{checked} within tolerance" if checked else "nothing checked",
+                "agreement" if agreement is not None else "sweep", lines)
+
+
+def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link) -> list[Card]:
+    """One card per backend: its fits of ``quantity`` against L, worst outcome decides."""
+    rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == "L")]
+    result = []
+    for backend in backends or list(dict.fromkeys(rows["backend"])):
+        mine = rows[rows["backend"] == backend]
+        if mine.empty:
+            continue
+        outcomes = [_outcome(row) for _, row in mine.iterrows()]
+        tone = _worst(tone_of(o) for o in outcomes)
+        confirmed = sum(o == "confirmed" for o in outcomes)
+        verdict = {"ok": "confirmed", "bad": "not confirmed",
+                   "warn": "inconclusive", "none": "not fitted"}[tone]
+        if tone != "ok" and confirmed:
+            verdict = f"confirmed in {confirmed} of {len(outcomes)} series"
+        lines = [f"{row['mask']}, {row['dtype']}: "
+                 + (f"{quantity} ∝ L{_pm(row)} ({outcome})" if not pd.isna(row.get("slope"))
+                    else f"no fit ({_usable(row)})")
+                 for (_, row), outcome in zip(mine.iterrows(), outcomes, strict=True)]
+        best = mine.assign(_o=[o == "confirmed" for o in outcomes]).sort_values(
+            ["_o", "ci95"], ascending=[False, True], na_position="last").iloc[0]
+        number = (f"{quantity} ∝ L{_pm(best)}" if not pd.isna(best.get("slope"))
+                  else "too few usable points")
+        result.append(Card(question.format(backend=backend), verdict, tone, number, link,
+                           lines[:4] + ([f"… {len(lines) - 4} more in the Fits table"]
+                                        if len(lines) > 4 else [])))
+    return result
+
+
+def stability_card(stability: pd.DataFrame | None) -> Card | None:
+    """Scaled softmax unsaturated: at most 1 % nearly one-hot rows at every d_k with 1/√d_k."""
+    if stability is None or "one_hot_fraction" not in stability:
+        return None
+    scaled = stability[stability["scaled"].astype(str) == "True"]
+    raw = stability[stability["scaled"].astype(str) == "False"]
+    if scaled.empty:
+        return None
+    worst = float(scaled["one_hot_fraction"].max())
+    tone = "ok" if worst <= 0.01 else "bad"
+    top = raw.loc[raw["d_k"].idxmax()] if not raw.empty else None
+    lines = [f"with 1/√d_k: row entropy ≥ {scaled['entropy_fraction'].min():.0%} of log L "
+             f"for d_k {scaled['d_k'].min()}–{scaled['d_k'].max()}"]
+    if top is not None:
+        lines.append(f"without it, at d_k = {top['d_k']}: {top['one_hot_fraction']:.0%} of "
+                     f"rows nearly one-hot, largest weight {top['max_weight_mean']:.2f} on "
+                     "average")
+    return Card("Softmax stays unsaturated with 1/√d_k",
+                "stays unsaturated" if tone == "ok" else "saturates", tone,
+                f"{worst:.0%} nearly one-hot rows with the scale (rule: ≤ 1 %)",
+                "stability", lines)
+
+
+def params_card(params: pd.DataFrame | None) -> Card | None:
+    """Parameter counts: every MultiHeadAttention built for real must equal its formula."""
+    if params is None or "mha_check" not in params:
+        return None
+    checks = params["mha_check"].astype(str)
+    built = checks[~checks.str.startswith("not built")]
+    matches = int(built.str.contains(" = formula ").sum())
+    tone = "none" if built.empty else ("ok" if matches == len(built) else "bad")
+    lines = []
+    if "difference_pct" in params:
+        diff = pd.to_numeric(params["difference_pct"], errors="coerce").abs()
+        if diff.notna().any():
+            lines.append(f"formula totals within {diff.max():.2g} % of the published "
+                         f"totals of {int(diff.notna().sum())} models (these are rounded)")
+    lines.append(f"{len(checks) - len(built)} models counted from shapes only (too large "
+                 "to build)")
+    return Card("Parameter arithmetic", {"ok": "counts match", "bad": "mismatch",
+                                         "none": "not built"}[tone], tone,
+                f"{matches}/{len(built)} built layers = formula", "params", lines)
+
+
+def claims_card(claims: pd.DataFrame | None) -> Card | None:
+    """The ledger: amber when some claims do not hold as stated, red if a check raised."""
+    if claims is None or "verdict" not in claims:
+        return None
+    counts = claims["verdict"].value_counts()
+    errors = int(counts.get("error", 0))
+    not_all = int(counts.get("does-not-hold", 0) + counts.get("holds-with-caveat", 0))
+    tone = "bad" if errors else ("warn" if not_all else "ok")
+    fails = int(counts.get("does-not-hold", 0))
+    verdict = ("a check raised" if errors else
+               f"{fails} do not hold as stated" if fails else
+               "some hold only with a caveat" if not_all else "every claim holds")
+    number = " · ".join(f"{int(counts.get(word, 0))} {word}" for word in
+                        ("holds", "holds-with-caveat", "does-not-hold", "error")
+                        if counts.get(word, 0) or word != "error")
+    lines = [f"does not hold: {', '.join(claims.loc[claims['verdict'] == 'does-not-hold', 'id'])}"]
+    return Card(f"The {len(claims)} claims of the articles", verdict, tone, number, "claims",
+                lines if "does-not-hold" in counts else [])
+
+
+def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card | None:
+    """Quiet when the load stayed ≤ half the cores, the median IQR/median is ≤ 5 % and no
+    point ran above 100 % of the peak (which only a peak measured too low allows)."""
+    if not record and not meta:
+        return None
+    cores = record.get("usable_cores") or (meta.get("machine") or {}).get("usable_cores")
+    loads = [x for x in (record.get("load_average_1m"), meta.get("load_average_1m_start"),
+                         meta.get("load_average_1m_end")) if isinstance(x, int | float)]
+    noise = None
+    if sweep is not None and {"iqr_ms", "median_ms", "status"} <= set(sweep.columns):
+        ok = sweep[(sweep["status"] == "ok") & (sweep["median_ms"] > 0)]
+        if not ok.empty:
+            noise = float((ok["iqr_ms"] / ok["median_ms"]).median())
+    busy = bool(cores and loads and max(loads) > 0.5 * cores)
+    noisy = noise is not None and noise > 0.05
+    above_peak = 0
+    if sweep is not None and "pct_of_gemm_peak" in sweep:
+        above_peak = int((pd.to_numeric(sweep["pct_of_gemm_peak"], errors="coerce") > 100).sum())
+        noisy = noisy or above_peak > 0
+    tone = "none" if not loads and noise is None else ("warn" if busy or noisy else "ok")
+    verdict = {"ok": "quiet", "warn": "busy or noisy: compare ratios, not times",
+               "none": "not recorded"}[tone]
+    lines = [f"{record.get('cpu_model', '?')}, {cores or '?'} usable cores, "
+             f"Numba {record.get('numba', '?')} ({record.get('numba_threads', '?')} threads)"]
+    if noise is not None:
+        lines.append(f"median IQR / median time over the sweep's points: {noise:.0%} "
+                     "(rule: ≤ 5 %)")
+    if above_peak:
+        lines.append(f"{above_peak} sweep point(s) above 100 % of the GEMM peak: the peak was "
+                     "measured too low")
+    number = (f"load {max(loads):.1f} on {cores} cores (rule: ≤ {0.5 * cores:g})"
+              if loads and cores else "load not recorded")
+    return Card("Machine and noise", verdict, tone, number, "machine", lines)
+
+
+def cards(*, agreement=None, sweep=None, fits=None, sections=(), record=None,
+          meta=None) -> list[Card]:
+    """The summary's cards from what a results folder holds (any part may be missing).
+
+    Parameters
+    ----------
+    agreement : DataFrame, optional
+        ``agreement.csv``.
+    sweep, fits : DataFrame, optional
+        The sweep table and its scaling fits (:func:`attnbench.studies.scaling.scaling_table`).
+    sections : list of Section
+        The saved sections; the stability (anchor ``stability``), parameter (``params``)
+        and claims (``claims``) tables are read from them.
+    record, meta : dict, optional
+        ``machine.json`` and ``sweep.json``.
+    """
+    tables = {s.anchor: s.tables[0][1] for s in sections if s.anchor and s.tables}
+    found = [agreement_card(agreement, sweep)]
+    if fits is not None and not fits.empty:
+        found += _fit_cards(fits, "time", None, "O(L²) time: {backend}", "scaling")
+        found += _fit_cards(fits, "memory", ["numba"], "O(L) memory of the fused kernel",
+                            "scaling")
+    for card in (stability_card(tables.get("stability")), params_card(tables.get("params")),
+                 claims_card(tables.get("claims")),
+                 machine_card(record or {}, meta or {}, sweep)):
+        if card is not None:
+            found.append(card)
+    return found
+
+
+def render_cards(found: list[Card]) -> str:
+    """The cards as HTML: ``<div class="cards">`` of ``<a class="card tone-...">``."""
+    parts = ['<div class="cards">']
+    for card in found:
+        tone = card.tone if card.tone in TONES else "none"
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in card.lines)
+        parts.append(
+            f'<a class="card tone-{tone}" href="#{html.escape(card.link)}" '
+            f'data-tone="{tone}">'
+            f'<span class="question">{html.escape(card.question)}</span>'
+            f'<span class="verdict">{html.escape(card.verdict)}</span>'
+            f'<span class="number">{html.escape(card.number)}</span>'
+            + (f"<ul>{lines}</ul>" if lines else "") + "</a>")
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def summary_section(found: list[Card]) -> Section:
+    """The summary as the report's first section (anchor ``summary``)."""
+    legend = ("Green: confirmed, holds or agrees; amber: inconclusive, a caveat, or a busy "
+              "machine; red: not confirmed, does not hold or disagrees; grey: not measured. "
+              "Each card links to its evidence below.")
+    return Section(title="Summary", anchor="summary", text=legend,
+                   html=render_cards(found))
