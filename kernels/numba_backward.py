@@ -19,9 +19,12 @@ applied once at the end (dQ, dK).
 What is never read, as in the forward kernel (:mod:`kernels.numba_cpu`): key blocks past
 ``key_lengths[b]`` or past the last causally visible key, query blocks above the causal
 diagonal and tiles the mask hides whole are skipped; hidden pairs get P = dS = 0 (set, not
-multiplied); a row that sees no key (lse = -inf) takes no part; and a tile with a hidden
-pair whose K, V, Q or dO holds a non-finite number goes through loops that skip the zero
-entries, so NaN stored where it is hidden reaches no gradient.
+multiplied: S and dO · Vᵀ of a hidden pair may hold garbage, which is never used); the q
+and dout rows of a query that sees no key (lse = -inf) are replaced by 0 in the tile's
+copy; and dQ = dS · K uses a copy of K with its non-finite entries set to 0 (a hidden pair
+has dS = 0, a visible pair with a non-finite key has dS = NaN already).  So NaN stored
+where it is hidden reaches no gradient, and the BLAS path stays the same (and so does every
+bit of the result) whatever the hidden entries hold.
 """
 
 from __future__ import annotations
@@ -57,23 +60,10 @@ _dropout_bits = build_dropout_bits(njit(cache=True))
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _finite(x):
-    """True if every entry of the 2-D array ``x`` is finite (True if it is empty)."""
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        return True
-    total = x[0, 0] * 0  # x · 0 is NaN for inf and NaN
-    for r in range(x.shape[0]):
-        for c in range(x.shape[1]):
-            total += x[r, c] * 0
-    return total == 0
-
-
-@njit(cache=True, fastmath=_FASTMATH)
 def _products_by_loops(ds, pd, q_blk, do_blk, k_tile, dq_t, dk_t, dv_t):
     """dq_t = ds · k_tile, dk_t = dsᵀ · q_blk, dv_t = pdᵀ · do_blk, skipping zero entries.
 
-    A pair with ds = 0 (pd = 0) reads neither its key row nor its query row: NaN stored
-    in a hidden key, or in the q/dout row of a query that sees no key, cannot reach a sum.
+    The path without a BLAS: a pair with ds = 0 (pd = 0) adds nothing.
     """
     rows, nk = ds.shape
     D = q_blk.shape[1]
@@ -109,11 +99,19 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
     neg_inf = -(zero + 1) / zero
     k_tile = k[b, hk, j0:j1]  # (nk, D)
     v_tile = v[b, hk, j0:j1]  # (nk, Dv)
-    kv_finite = _finite(k_tile) and _finite(v_tile)
+    # K with its non-finite entries set to 0, for dQ = dS · K: a hidden pair has dS = 0 and
+    # 0 · NaN would be NaN; a visible pair with a non-finite key has dS = NaN anyway.
+    k_clean = np.empty((nk, D), dtype=dtype)
+    for c in range(nk):
+        for d in range(D):
+            x = k_tile[c, d]
+            k_clean[c, d] = x if x * 0 == 0 else zero
     dk_acc = np.zeros((nk, D), dtype=dtype)
     dv_acc = np.zeros((nk, Dv), dtype=dtype)
     s_buf = np.empty((block_q, nk), dtype=dtype)  # S, then dS
     dp_buf = np.empty((block_q, nk), dtype=dtype)  # dO · Vᵀ, then Pd
+    q_buf = np.empty((block_q, D), dtype=dtype)  # the q and dout rows of a query block,
+    do_buf = np.empty((block_q, Dv), dtype=dtype)  # zero for a row that sees no key
     dq_buf = np.empty((block_q, D), dtype=dtype)
     dk_t = np.empty((nk, D), dtype=dtype)
     dv_t = np.empty((nk, Dv), dtype=dtype)
@@ -130,8 +128,14 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
             if has_mask and _mask_tile_count(mask, mask_b + i0 * mask_i + j0 * mask_j,
                                              mask_i, mask_j, rows, nk, neg_inf) == 0:
                 continue  # the mask hides the whole tile
-            q_blk = q[b, h, i0:i1]  # (rows, D)
-            do_blk = dout[b, h, i0:i1]  # (rows, Dv)
+            q_blk = q_buf[:rows]  # (rows, D)
+            do_blk = do_buf[:rows]  # (rows, Dv)
+            for r in range(rows):  # a row that sees no key is never read (NaN stays out)
+                seen_any = lse[b, h, i0 + r] != neg_inf
+                for d in range(D):
+                    q_blk[r, d] = q[b, h, i0 + r, d] if seen_any else zero
+                for d in range(Dv):
+                    do_blk[r, d] = dout[b, h, i0 + r, d] if seen_any else zero
             s = s_buf[:rows]  # (rows, nk)
             dp = dp_buf[:rows]
             dq_t = dq_buf[:rows]
@@ -141,7 +145,6 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
             else:
                 np.dot(q_blk, k_tile.T, s)
                 np.dot(do_blk, v_tile.T, dp)
-            partial = False  # some pair of the tile is hidden
             for r in range(rows):
                 i = i0 + r
                 row_lse = lse[b, h, i]
@@ -153,8 +156,6 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                     hi = max(min(nk, i + causal_offset + 1 - j0), 0)
                 if row_lse == neg_inf:  # the row sees no key: it takes no part
                     hi = 0
-                if hi < nk:
-                    partial = True
                 if has_mask or threshold > 0:
                     m0 = mask_b + i * mask_i + j0 * mask_j
                     for c in range(hi):
@@ -165,8 +166,6 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                         p = zero
                         if seen:
                             p = fast_exp(x - row_lse)
-                        else:
-                            partial = True
                         dpd = dp_row[c]
                         pd = p
                         if threshold > 0:
@@ -186,11 +185,10 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                 for c in range(hi, nk):
                     s_row[c] = zero
                     dp_row[c] = zero
-            if blas is None or (partial and not (kv_finite and _finite(q_blk)
-                                                 and _finite(do_blk))):
-                _products_by_loops(s, dp, q_blk, do_blk, k_tile, dq_t, dk_t, dv_t)
+            if blas is None:
+                _products_by_loops(s, dp, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t)
             else:
-                np.dot(s, k_tile, dq_t)  # (rows, D)
+                np.dot(s, k_clean, dq_t)  # (rows, D)
                 np.dot(s.T, q_blk, dk_t)  # (nk, D)
                 np.dot(dp.T, do_blk, dv_t)  # (nk, Dv)
             for c in range(nk):
