@@ -40,13 +40,13 @@ def backward_oracle(q, k, v, dout, **kwargs):
     return restore(exact), restore(plain)
 
 
-def assert_gradients_match(q, k, v, backend, *, seed=0, pass_forward=True, **kwargs):
+def assert_gradients_match(q, k, v, backend, *, dout_seed=0, pass_forward=True, **kwargs):
     """Run ``attention_backward`` on ``backend`` and check dq, dk, dv against the oracle.
 
     ``pass_forward``: give the backend ``out`` and ``lse`` from its own forward (as a
     training step does); otherwise it recomputes them.  Returns the largest error ratio.
     """
-    dout = make_dout(q, v, seed)
+    dout = make_dout(q, v, dout_seed)
     exact, plain = backward_oracle(q, k, v, dout, **kwargs)
     extra = {}
     if pass_forward:
