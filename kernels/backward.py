@@ -89,5 +89,6 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     if name != "reference" and (out is None or lse is None):
         out, _, lse = _backends.module(name).run(problem, return_lse=True)
     dq, dk, dv = backward_module(name).run(problem, dout, out, lse)
-    restore_kv = (lambda x: x.reshape(np.shape(k)[:-1] + x.shape[-1:]))
-    return problem.restore(dq), restore_kv(dk), restore_kv(dv)
+    k_lead = np.shape(k)[:-1]  # dk and dv take k's and v's shapes (any rank)
+    return (problem.restore(dq), dk.reshape(k_lead + dk.shape[-1:]),
+            dv.reshape(k_lead + dv.shape[-1:]))

@@ -20,8 +20,13 @@ from attnbench.accuracy import tolerance  # noqa: E402
 from kernels import _backends, cuda_backend, reference  # noqa: E402
 
 from .backward_support import assert_gradients_match, make_dout  # noqa: E402
-from .support import DTYPES, Case, make_inputs, max_error  # noqa: E402
-from .support import run_ptx_script  # noqa: E402
+from .support import (  # noqa: E402
+    DTYPES,
+    Case,
+    make_inputs,
+    max_error,
+    run_ptx_script,  # noqa: E402
+)
 from .test_cuda import CASES  # noqa: E402
 
 pytestmark = pytest.mark.cuda
