@@ -13,6 +13,8 @@ imports neither Numba nor the CUDA driver; kernels compile on first use and are 
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import _backends
 from ._backends import (
     BackendUnavailableError,
@@ -22,11 +24,13 @@ from ._backends import (
     has_real_gpu,
 )
 from ._validate import AttentionProblem, causal_offset, check_attention_args, check_backend
+from .backward import attention_backward
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
 __all__ = [
     "attention",
+    "attention_backward",
     "prepare",
     "softmax",
     "MultiHeadAttention",
@@ -42,7 +46,8 @@ __version__ = "0.1.0"
 
 
 def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-              dropout_p=0.0, seed=None, backend="auto", return_weights=False):
+              dropout_p=0.0, seed=None, backend="auto", return_weights=False,
+              return_lse=False):
     """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
 
     Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
@@ -77,12 +82,18 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     return_weights : bool, default False
         Also return the softmax weights (..., H, Lq, Lk), before dropout. Only then is an
         L x L array materialised.
+    return_lse : bool, default False
+        Also return the log-sum-exp of each query row's visible scores,
+        ``lse[..., h, i] = log Σ_j exp(scale · q_i · k_j + mask_ij)`` (before dropout),
+        ``-inf`` for a row that sees no key: what :func:`attention_backward` needs.
 
     Returns
     -------
     out : ndarray, shape (..., H, Lq, Dv), dtype of q
     weights : ndarray, shape (..., H, Lq, Lk)
         Only if ``return_weights``.
+    lse : ndarray, shape (..., H, Lq), dtype of q
+        Only if ``return_lse``; last of the tuple.
 
     Notes
     -----
@@ -102,7 +113,14 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
+    if not isinstance(return_lse, bool | np.bool_):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = _backends.resolve(backend, problem)
+    if return_lse:
+        out, weights, lse = _backends.module(name).run(problem, return_lse=True)
+        lse = problem.restore(lse[..., None])[..., 0]  # (..., H, Lq)
+        return (problem.restore(out),) + (
+            (problem.restore(weights),) if return_weights else ()) + (lse,)
     out, weights = _backends.module(name).run(problem)
     if return_weights:
         return problem.restore(out), problem.restore(weights)

@@ -362,3 +362,67 @@ def check_attention_args(
         scale=scale, dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
     return AttentionProblem(q=_to_4d(q), k=_to_4d(k), v=_to_4d(v), **fields)
+
+
+# --- the backward pass (issue 12) ---------------------------------------------------------
+
+
+def _check_grad_like(name: str, x, expected_shape: tuple, dtype: np.dtype, what: str):
+    """``x`` as an array of ``expected_shape`` and ``dtype``, or a TypeError/ValueError
+    naming ``name``."""
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__cuda_array_interface__"):
+            raise TypeError(f"{name} is a device array; attention_backward takes NumPy arrays")
+        x = np.asarray(x)
+    if x.dtype != dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q, k and v "
+            f"(convert with {name}.astype(np.{dtype.name}))"
+        )
+    if tuple(x.shape) != tuple(expected_shape):
+        raise ValueError(
+            f"{name} has shape {tuple(x.shape)}; expected {tuple(expected_shape)} {what}"
+        )
+    return x
+
+
+def check_backward_args(problem: AttentionProblem, q_shape: tuple, dout, out=None, lse=None):
+    """Check the arrays :func:`kernels.attention_backward` takes beside q, k and v.
+
+    Parameters
+    ----------
+    problem : AttentionProblem
+        The validated forward problem (from :func:`check_attention_args`).
+    q_shape : tuple
+        The caller's shape of q (any rank); ``dout`` and ``out`` must have it with the last
+        dim replaced by Dv, ``lse`` without its last dim.
+    dout, out, lse : array_like
+        The gradient of the output, and optionally the forward's output and log-sum-exp.
+
+    Returns
+    -------
+    dout : ndarray, shape (B, H, Lq, Dv), C-contiguous
+    out : ndarray, shape (B, H, Lq, Dv), or None
+    lse : ndarray, shape (B, H, Lq), or None
+
+    Raises
+    ------
+    TypeError
+        A dtype other than q's.
+    ValueError
+        A shape other than the forward output's (``dout``, ``out``) or than
+        ``q.shape[:-1]`` (``lse``); the message names the argument.
+    """
+    B, H, _, Lq, _, _, Dv = problem.shape
+    out_shape = tuple(q_shape[:-1]) + (Dv,)
+    what = "(the shape of attention's output: q's shape with its last dim replaced by Dv)"
+    dout = _check_grad_like("dout", dout, out_shape, problem.dtype, what)
+    dout = np.ascontiguousarray(dout.reshape(B, H, Lq, Dv))
+    if out is not None:
+        out = _check_grad_like("out", out, out_shape, problem.dtype, what)
+        out = np.ascontiguousarray(out.reshape(B, H, Lq, Dv))
+    if lse is not None:
+        lse = _check_grad_like("lse", lse, tuple(q_shape[:-1]), problem.dtype,
+                               "(q's shape without its last dim: (..., H, Lq))")
+        lse = np.ascontiguousarray(lse.reshape(B, H, Lq))
+    return dout, out, lse

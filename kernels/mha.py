@@ -112,6 +112,68 @@ class MultiHeadAttention:
 
     __call__ = forward
 
+    def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, backend="auto"):
+        """Gradients of ``sum(dy * forward(x, ...))`` with respect to x and every parameter.
+
+        Recomputes the forward (projections, then attention with its log-sum-exp) and runs
+        :func:`kernels.attention_backward`, so a plain-NumPy training step is
+        ``dx, grads = layer.backward(x, dy)`` then ``p -= lr * grads[name]`` for each
+        ``name, p in layer.parameters().items()`` (the arrays are updated in place).
+
+        Parameters
+        ----------
+        x : ndarray, shape (..., L, d_model)
+            The input ``forward`` was called with, in the module's dtype.
+        dy : ndarray, shape (..., L, d_model)
+            Gradient of the loss with respect to ``forward(x)``.
+        causal, mask, key_lengths, backend
+            The keywords ``forward`` was called with.
+
+        Returns
+        -------
+        dx : ndarray, shape of x
+        grads : dict of str to ndarray
+            Keyed like :meth:`parameters`, each the shape of its parameter.
+        """
+        dy = np.asarray(dy)
+        x = np.asarray(x)
+        if x.dtype != self.dtype or dy.dtype != self.dtype:
+            raise TypeError(
+                f"x and dy must have this MultiHeadAttention's dtype {self.dtype}; got x "
+                f"{x.dtype} and dy {dy.dtype}"
+            )
+        if x.ndim < 2 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
+        if dy.shape != x.shape:
+            raise ValueError(f"dy must have the shape of forward(x), {x.shape}; got {dy.shape}")
+        from . import attention, attention_backward
+
+        params = self._params
+        H, Hkv = self.n_heads, self.n_kv_heads
+        q = reference.split_heads(reference._project(x, params, "q"), H)  # (..., H, L, d_head)
+        k = reference.split_heads(reference._project(x, params, "k"), Hkv)  # (..., Hkv, L, d_head)
+        v = reference.split_heads(reference._project(x, params, "v"), Hkv)
+        keywords = dict(causal=causal, mask=mask, key_lengths=key_lengths, backend=backend)
+        heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
+        concat = reference.merge_heads(heads)  # (..., L, H*d_head)
+
+        rows = x.reshape(-1, self.d_model)  # (N, d_model), N = all tokens
+        d_rows = dy.reshape(-1, self.d_model)
+        grads = {"W_o": concat.reshape(-1, concat.shape[-1]).T @ d_rows}
+        d_heads = reference.split_heads(d_rows.reshape(dy.shape) @ params["W_o"].T, H)
+        dq, dk, dv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
+        dx = np.zeros_like(x)
+        for name, d_proj in (("q", dq), ("k", dk), ("v", dv)):
+            d_lin = reference.merge_heads(d_proj)  # (..., L, width)
+            d_lin_rows = d_lin.reshape(-1, d_lin.shape[-1])
+            grads[f"W_{name}"] = rows.T @ d_lin_rows
+            if self.bias:
+                grads[f"b_{name}"] = d_lin_rows.sum(axis=0)
+            dx += d_lin @ params[f"W_{name}"].T
+        if self.bias:
+            grads["b_o"] = d_rows.sum(axis=0)
+        return dx, {name: grads[name] for name in params}
+
     def __repr__(self):
         return (
             f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "

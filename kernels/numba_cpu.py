@@ -359,8 +359,10 @@ def _all_finite(x):
 @njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                   scale, threshold, keep_scale, seed, out, weights, want_weights,
-                  b, h, i0, i1, block_k, diag_k, blas):
-    """Attention for query rows [i0, i1) of batch b, head h (the online softmax)."""
+                  b, h, i0, i1, block_k, diag_k, blas, lse):
+    """Attention for query rows [i0, i1) of batch b, head h (the online softmax).
+
+    Also writes ``lse[b, h, i] = m + log ℓ`` (-inf for a row that sees no key)."""
     dtype = q.dtype
     hk = h // (q.shape[1] // k.shape[1])
     Dv = v.shape[3]
@@ -508,6 +510,9 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
             inv_sum = one / row_sum[r]
         for d in range(Dv):
             out[b, h, i, d] = acc[r, d] * inv_sum if not nan_row else zero / zero
+        lse[b, h, i] = row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf
+        if nan_row:
+            lse[b, h, i] = zero / zero
         if want_weights:
             m = row_max[r]
             for j in range(weights.shape[3]):
@@ -537,7 +542,7 @@ def _task_block(task, n_blocks):
 @njit(parallel=True, cache=True)
 def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                         scale, threshold, keep_scale, seed, out, weights, want_weights,
-                        block_q, block_k, diag_k, blas):
+                        block_q, block_k, diag_k, blas, lse):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     n_blocks = (Lq + block_q - 1) // block_q
     for task in prange(B * H * n_blocks):  # (batch, head, query block)
@@ -545,13 +550,13 @@ def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, caus
         i0 = block * block_q
         _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
-                      bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k, diag_k, blas)
+                      bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k, diag_k, blas, lse)
 
 
 @njit(cache=True)
 def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
-                      block_q, block_k, diag_k, blas):
+                      block_q, block_k, diag_k, blas, lse):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     for b in range(B):
         for h in range(H):
@@ -559,7 +564,7 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
                 _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                               causal_offset, scale, threshold, keep_scale, seed, out,
                               weights, want_weights, b, h, i0, min(i0 + block_q, Lq), block_k,
-                              diag_k, blas)
+                              diag_k, blas, lse)
 
 
 # --- launching ------------------------------------------------------------------------------
@@ -654,8 +659,11 @@ def _mask_arguments(problem: AttentionProblem, dtype):
 
 
 def run(problem: AttentionProblem, *, parallel: bool | None = None,
-        use_blas: bool | None = None):
+        use_blas: bool | None = None, return_lse: bool = False):
     """Fused attention for a validated problem; returns ``(out, weights or None)``.
+
+    With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq), the log-sum-exp of
+    each row's visible scores (``-inf`` for a row that sees no key).
 
     Parameters
     ----------
@@ -675,8 +683,10 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     else:
         weights = np.empty((1, 1, 1, 1), dtype=dtype)  # unused; keeps one signature
     out = np.empty((B, H, Lq, Dv), dtype=dtype)
+    lse = np.empty((B, H, Lq), dtype=dtype)  # written by every row: an O(Lq) extra
+    result = (out, weights if problem.return_weights else None)
     if B * H * Lq == 0:
-        return out, (weights if problem.return_weights else None)
+        return result + (lse,) if return_lse else result
     mask, mask_strides, has_mask = _mask_arguments(problem, dtype)
     if parallel is None:
         parallel = not is_small(problem)
@@ -688,7 +698,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         dtype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         out, weights, problem.return_weights,
-        block_q, BLOCK_K, BLOCK_K_DIAGONAL, True if use_blas else None,
+        block_q, BLOCK_K, BLOCK_K_DIAGONAL, True if use_blas else None, lse,
     )
     # The serial kernel runs on the calling thread, outside any OpenMP region: there the
     # BLAS may thread as it likes, and below OpenBLAS's own threshold it runs single-
@@ -702,4 +712,4 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     else:
         with blas_guard:
             _attention_serial(*args)
-    return out, (weights if problem.return_weights else None)
+    return result + (lse,) if return_lse else result

@@ -46,8 +46,22 @@ def _weighted_values(probs: np.ndarray, visible: np.ndarray, v: np.ndarray) -> n
     return out
 
 
-def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False):
+def _logsumexp_visible(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """``log Σ_j exp(scores)`` over the visible entries of each row; ``-inf`` if none."""
+    scores = np.where(visible, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(row_max), row_max, scores.dtype.type(0))
+    with np.errstate(divide="ignore"):
+        total = np.log(np.where(visible, np.exp(scores - shift), 0).sum(axis=-1))
+    return total + shift[..., 0]
+
+
+def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False,
+        return_lse=False):
     """Attention for a validated problem; returns ``(out, weights or None)``.
+
+    With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq) is the log-sum-exp
+    of each row's visible scores (``-inf`` for a row that sees no key).
 
     Parameters
     ----------
@@ -82,7 +96,10 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     out = _weighted_values(probs, visible, v)  # (B, H, Lq, Dv)
 
     dtype = ct if keep_precision else problem.dtype
-    return out.astype(dtype), (weights.astype(dtype) if problem.return_weights else None)
+    result = out.astype(dtype), (weights.astype(dtype) if problem.return_weights else None)
+    if return_lse:
+        return result + (_logsumexp_visible(scores, visible).astype(dtype),)
+    return result
 
 
 # --- the two multi-head forms -------------------------------------------------------------

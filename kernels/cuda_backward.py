@@ -1,0 +1,245 @@
+"""The ``cuda`` backward pass: two numba.cuda kernels with the CPU kernels' semantics.
+
+- ``dkdv``: one thread per key j of one (batch, kv head); it walks the query heads that
+  share the kv head and the query rows that can see key j, recomputes
+  ``p = exp(scale · q_i·k_j + mask_ij − lse_i)``, ``dp = dO_i·v_j`` (dropout: the shared
+  hash), ``dS = p (dp·Z·κ − Δ_i)`` and accumulates ``dk_j += dS q_i``, ``dv_j += p·Z·κ dO_i``
+  in per-thread arrays: each key's gradients are finished by its own thread, no atomics.
+- ``dq``: one thread per query row i of one (batch, head); it walks the keys row i can
+  see and accumulates ``dq_i += dS k_j``.
+
+Δ_i = rowsum(dO_i ∘ O_i) comes from the host (one pass over dout and out).  Every dot
+product uses :func:`kernels.cuda_backend.make_dot`'s partial sums.  A pair is tested for
+visibility (causal, ``key_lengths``, mask, ``lse_i = -inf`` for a row that sees no key)
+before any of its data is read, so NaN stored where it is hidden reaches no gradient.
+Both kernels read q, k, v and dout from global memory (no shared-memory tiles yet: the
+simplest form with the right semantics; it is verified in Numba's CUDA simulator and by
+compiling to PTX, and has never run on a GPU).  Kernels are built per dtype so that the
+float32 ones contain no float64 instruction.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numba
+import numpy as np
+from numba import cuda
+
+from . import cuda_backend
+from ._dropout import dropout_threshold
+from ._validate import AttentionProblem
+from .cuda_backend import (
+    MAX_HEAD_DIM,
+    SIMULATOR,
+    _device,
+    _dropout_bits,
+    _simulator_lock,
+    check_supported,
+    make_dot,
+)
+
+
+def _kernel_sources(dtype):
+    """``(dkdv_kernel, dq_kernel)`` for ``dtype`` as plain Python functions."""
+    F = numba.from_dtype(np.dtype(dtype))
+    ZERO = F(0)
+    NEG_INF = F(-np.inf)
+    NO_DROPOUT = np.uint64(0)
+    dot = make_dot(F)
+
+    @_device
+    def visible(i, j, b, h, key_len, causal, causal_offset, mask, mask_sb, mask_sh,
+                mask_si, mask_sj, has_mask):
+        """``(seen, additive mask value)`` of pair (i, j): causal, key_lengths, then mask."""
+        if j >= key_len or (causal and j > i + causal_offset):
+            return False, ZERO
+        if has_mask:
+            m = mask[b * mask_sb + h * mask_sh + i * mask_si + j * mask_sj]
+            if m == NEG_INF:
+                return False, ZERO
+            return True, m
+        return True, ZERO
+
+    @_device
+    def pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra, scale, threshold,
+                   keep_scale, seed, D, Dv):
+        """``(dS, p · Z · κ)`` of a visible pair (i, j)."""
+        score = dot(q[b, h, i], 0, k[b, hk, j], 0, D) * scale + extra
+        p = F(math.exp(score - lse[b, h, i]))
+        dp = dot(dout[b, h, i], 0, v[b, hk, j], 0, Dv)
+        pd = p
+        if threshold > NO_DROPOUT:
+            if _dropout_bits(seed, b, h, i, j) < threshold:
+                pd = ZERO
+                dp = ZERO
+            else:
+                pd = p * keep_scale
+                dp = dp * keep_scale
+        return p * (dp - row_dot[b, h, i]), pd
+
+    def dkdv_kernel(q, k, v, dout, lse, row_dot, mask, mask_sb, mask_sh, mask_si, mask_sj,
+                    has_mask, key_lengths, causal, causal_offset, scale, threshold,
+                    keep_scale, seed, dk, dv):
+        # q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), dout (B, H, Lq, Dv),
+        # lse and row_dot (B, H, Lq), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv).
+        H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
+        Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        group = H // Hkv
+        block = cuda.blockDim.x
+        n_tiles = (Lk + block - 1) // block
+        bhk = cuda.blockIdx.x // n_tiles
+        b = bhk // Hkv
+        hk = bhk % Hkv
+        j = (cuda.blockIdx.x % n_tiles) * block + cuda.threadIdx.x
+        if j >= Lk:
+            return
+        dk_acc = cuda.local.array(MAX_HEAD_DIM, F)
+        dv_acc = cuda.local.array(MAX_HEAD_DIM, F)
+        for d in range(D):
+            dk_acc[d] = ZERO
+        for d in range(Dv):
+            dv_acc[d] = ZERO
+        key_len = key_lengths[b]
+        i_start = 0
+        if causal:
+            i_start = max(j - causal_offset, 0)  # rows above it cannot see key j
+        if j < key_len:
+            for h in range(hk * group, (hk + 1) * group):
+                for i in range(i_start, Lq):
+                    seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
+                                          mask_sb, mask_sh, mask_si, mask_sj, has_mask)
+                    if not seen or lse[b, h, i] == NEG_INF:
+                        continue
+                    ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
+                                        scale, threshold, keep_scale, seed, D, Dv)
+                    for d in range(D):
+                        dk_acc[d] += ds * q[b, h, i, d]
+                    if pd != ZERO:
+                        for d in range(Dv):
+                            dv_acc[d] += pd * dout[b, h, i, d]
+        for d in range(D):
+            dk[b, hk, j, d] = dk_acc[d] * scale
+        for d in range(Dv):
+            dv[b, hk, j, d] = dv_acc[d]
+
+    def dq_kernel(q, k, v, dout, lse, row_dot, mask, mask_sb, mask_sh, mask_si, mask_sj,
+                  has_mask, key_lengths, causal, causal_offset, scale, threshold,
+                  keep_scale, seed, dq):
+        # dq (B, H, Lq, D); the other arguments as dkdv_kernel's.
+        H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
+        Hkv, Dv = k.shape[1], v.shape[3]
+        block = cuda.blockDim.x
+        n_tiles = (Lq + block - 1) // block
+        bh = cuda.blockIdx.x // n_tiles
+        b = bh // H
+        h = bh % H
+        hk = h // (H // Hkv)
+        i = (cuda.blockIdx.x % n_tiles) * block + cuda.threadIdx.x
+        if i >= Lq:
+            return
+        dq_acc = cuda.local.array(MAX_HEAD_DIM, F)
+        for d in range(D):
+            dq_acc[d] = ZERO
+        key_len = key_lengths[b]
+        key_end = key_len
+        if causal:
+            key_end = min(key_end, i + causal_offset + 1)
+        if lse[b, h, i] != NEG_INF:  # a row that sees no key is never read
+            for j in range(max(key_end, 0)):
+                seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
+                                      mask_sb, mask_sh, mask_si, mask_sj, has_mask)
+                if not seen:
+                    continue
+                ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
+                                    scale, threshold, keep_scale, seed, D, Dv)
+                for d in range(D):
+                    dq_acc[d] += ds * k[b, hk, j, d]
+        for d in range(D):
+            dq[b, h, i, d] = dq_acc[d] * scale
+
+    return dkdv_kernel, dq_kernel
+
+
+def _signatures(dtype):
+    """Argument types of ``(dkdv_kernel, dq_kernel)`` for ``dtype``."""
+    F = numba.from_dtype(np.dtype(dtype))
+    a4, a3 = numba.types.Array(F, 4, "C"), numba.types.Array(F, 3, "C")
+    i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
+    common = (
+        a4, a4, a4, a4, a3, a3,  # q, k, v, dout, lse, row_dot
+        numba.types.Array(F, 1, "C"), i64, i64, i64, i64, boolean,  # mask, strides, has_mask
+        numba.types.Array(i64, 1, "C"), boolean, i64,  # key_lengths, causal, causal_offset
+        F, u64, F, u64,  # scale, threshold, keep_scale, seed
+    )
+    return common + (a4, a4), common + (a4,)
+
+
+@functools.cache
+def _kernels(dtype):
+    dtype = np.dtype(dtype)
+    sources = _kernel_sources(dtype)
+    if SIMULATOR:
+        return tuple(cuda.jit(source) for source in sources)
+    return tuple(cuda.jit(sig, cache=True)(source)
+                 for sig, source in zip(_signatures(dtype), sources, strict=True))
+
+
+def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
+    """PTX of both backward kernels for float32 and float64 (needs NVVM, not a GPU).
+
+    Returns ``{"dkdv_float32": ptx, "dq_float32": ptx, ...}``.
+    """
+    if SIMULATOR:
+        raise RuntimeError("compile_ptx_all needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
+    ptx = {}
+    for dtype in (np.float32, np.float64):
+        name = np.dtype(dtype).name
+        for kind, source, sig in zip(("dkdv", "dq"), _kernel_sources(dtype),
+                                     _signatures(dtype), strict=True):
+            ptx[f"{kind}_{name}"], _ = cuda.compile_ptx(source, sig, cc=tuple(cc))
+    return ptx
+
+
+def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.ndarray, *,
+        block: int | None = None):
+    """Gradients ``(dq, dk, dv)`` on the GPU from NumPy arrays (copied there and back).
+
+    Parameters
+    ----------
+    problem : AttentionProblem
+    dout, out : ndarray, shape (B, H, Lq, Dv)
+    lse : ndarray, shape (B, H, Lq)
+    block : int, optional
+        Threads per block; default ``cuda_backend.BLOCK_Q``.
+    """
+    check_supported(problem)
+    B, H, Hkv, Lq, Lk, D, Dv = problem.shape
+    dtype = problem.dtype
+    dq = np.zeros((B, H, Lq, D), dtype=dtype)
+    dk = np.zeros((B, Hkv, Lk, D), dtype=dtype)
+    dv = np.zeros((B, Hkv, Lk, Dv), dtype=dtype)
+    if B * H * Lq * Lk == 0:
+        return dq, dk, dv
+    block = block or cuda_backend.BLOCK_Q
+    with np.errstate(invalid="ignore", over="ignore"):
+        row_dot = np.einsum("bhid,bhid->bhi", dout, out)  # Δ, (B, H, Lq)
+    has_mask = problem.mask is not None
+    mask = problem.additive_mask().reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
+    ftype = dtype.type
+    with _simulator_lock:
+        dkdv_kernel, dq_kernel = _kernels(dtype)
+        arrays = [cuda.to_device(np.ascontiguousarray(x)) for x in (
+            problem.q, problem.k, problem.v, dout, lse, row_dot, mask)]
+        options = (
+            *problem.mask_strides(), has_mask,
+            cuda.to_device(problem.key_lengths_or_full()),
+            problem.causal_offset is not None, problem.causal_offset or 0,
+            ftype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
+            ftype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
+        )
+        dq_dev, dk_dev, dv_dev = (cuda.to_device(x) for x in (dq, dk, dv))
+        dkdv_kernel[B * Hkv * math.ceil(Lk / block), block](*arrays, *options, dk_dev, dv_dev)
+        dq_kernel[B * H * math.ceil(Lq / block), block](*arrays, *options, dq_dev)
+        return dq_dev.copy_to_host(), dk_dev.copy_to_host(), dv_dev.copy_to_host()

@@ -1,0 +1,64 @@
+"""Helpers of the backward-pass tests: the gradient oracle and the tolerance check.
+
+As for the forward (``tests/support.py``): a backend's gradients must lie within twice the
+error of the same formulas evaluated in the input dtype (the reference backward with
+``compute_dtype`` = the input dtype) plus a few ulps, against the oracle in float64 (for
+float32 inputs) or ``np.longdouble`` (for float64 inputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kernels
+from attnbench.measure.oracle import oracle_dtype, tolerance
+from kernels.reference_backward import run_backward
+
+from .support import COMPARISONS, max_error
+
+
+def make_dout(q, v, seed=0):
+    """A random output gradient for attention(q, k, v): q's shape with v's last dim."""
+    rng = np.random.default_rng(seed + 99)
+    return rng.standard_normal(q.shape[:-1] + v.shape[-1:]).astype(q.dtype)
+
+
+def backward_oracle(q, k, v, dout, **kwargs):
+    """``(exact, plain)``: the gradients (dq, dk, dv) from the oracle and from the formulas
+    in q's dtype, in the caller's shapes."""
+    problem = kernels.prepare(q, k, v, **kwargs)
+    B, H, _, Lq, _, _, Dv = problem.shape
+    dout4 = np.ascontiguousarray(dout).reshape(B, H, Lq, Dv)
+    exact = run_backward(problem, dout4, compute_dtype=oracle_dtype(problem.dtype),
+                         keep_precision=True)
+    plain = run_backward(problem, dout4, compute_dtype=problem.dtype)
+    shapes = (np.shape(q), np.shape(k), np.shape(v))
+
+    def restore(grads):
+        return tuple(g.reshape(s) for g, s in zip(grads, shapes, strict=True))
+
+    return restore(exact), restore(plain)
+
+
+def assert_gradients_match(q, k, v, backend, *, dout_seed=0, pass_forward=True, **kwargs):
+    """Run ``attention_backward`` on ``backend`` and check dq, dk, dv against the oracle.
+
+    ``pass_forward``: give the backend ``out`` and ``lse`` from its own forward (as a
+    training step does); otherwise it recomputes them.  Returns the largest error ratio.
+    """
+    dout = make_dout(q, v, dout_seed)
+    exact, plain = backward_oracle(q, k, v, dout, **kwargs)
+    extra = {}
+    if pass_forward:
+        out, lse = kernels.attention(q, k, v, backend=backend, return_lse=True, **kwargs)
+        extra = dict(out=out, lse=lse)
+    grads = kernels.attention_backward(q, k, v, dout, backend=backend, **extra, **kwargs)
+    worst = 0.0
+    for name, g, e, p in zip(("dq", "dk", "dv"), grads, exact, plain, strict=True):
+        assert g.dtype == q.dtype and g.shape == e.shape, (name, g.dtype, g.shape, e.shape)
+        err = max_error(g, e)
+        tol = tolerance(e, p, q.dtype)
+        assert err <= tol, f"{backend} backward: {name} error {err:.3g} > tolerance {tol:.3g}"
+        COMPARISONS.append((f"{backend}-bwd", np.dtype(q.dtype).name, err, tol))
+        worst = max(worst, err / tol if tol else 0.0)
+    return worst
