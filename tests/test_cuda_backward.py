@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import numba  # noqa: E402
-from attnbench.accuracy import tolerance  # noqa: E402
+from attnbench.measure.oracle import tolerance  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
 import kernels  # noqa: E402
