@@ -256,22 +256,26 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict, *,
              if data[data["mask"] == m]["L"].nunique() >= 2]
     if not masks:
         return None
-    fig = Figure(figsize=(5.2 * len(masks), 4.2), layout="constrained")
+    fig = Figure(figsize=(5.2 * len(masks), 4.8), layout="constrained")
     axes = fig.subplots(1, len(masks), squeeze=False, sharey=True)[0]
     for ax, mask in zip(axes, masks, strict=True):
         panel = data[data["mask"] == mask]
         varying = _varying(panel, SERIES_KEYS)
         for fixed, series in _length_series(panel, SERIES_KEYS):
             ax.plot(series["L"], series["gflops"], "o-", color=_color(fixed["backend"]),
-                    label=_series_label(fixed, varying))
+                    label=_series_label(fixed, varying)
+                    + _stops(table, {**fixed, "mask": mask}, "L", series["L"].max(),
+                             panel["L"].max()))
         for style, dtype in zip(("-.", ":"), sorted(panel["dtype"].unique()), strict=False):
             peak = gemm_peaks.get(dtype)
             if peak:
                 ax.axhline(peak, color="black", linestyle=style,
                            label=f"{dtype} {peak_label} {peak:.0f} GFLOP/s")
-        ax.set(yscale="log", ylabel="GFLOP/s", title=f"mask: {mask}")
+        ax.set(yscale="log", ylabel="GFLOP/s (visible pairs only)",
+               title=f"Throughput against L, mask: {mask}")
         _length_axis(ax, panel["L"])
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  ncols=2, frameon=False)
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
@@ -287,9 +291,9 @@ def _oracle_note(table: pd.DataFrame) -> str:
     if skipped.empty:
         return ""
     limit = re.search(r"limit ([\d,]+)", str(skipped["oracle"].iloc[0]))
-    return ("\nno error beyond the oracle's limit"
-            + (f" (B·H·L² ≤ {limit.group(1)} score entries)" if limit else "")
-            + f": {len(skipped)} larger point(s) unchecked")
+    return ("\nerrors only up to the oracle's limit"
+            + (f", B·H·L² ≤ {limit.group(1)}" if limit else "")
+            + f";\n{len(skipped)} larger point(s) not checked against it")
 
 
 def error_by_backend(table: pd.DataFrame) -> Figure | None:
