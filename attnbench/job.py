@@ -250,7 +250,7 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
 
 #: Producers of the computed sections: ("module", "function"), each returning a Section
 #: or a list of them.  The heat maps first, then part B's modules (where installed).
-SECTION_PRODUCERS = (("attnbench.report.plots", "heatmap_section"),
+SECTION_PRODUCERS = (("attnbench.report.heatmaps", "heatmap_section"),
                      *((name, "section") for name in PART_B_MODULES))
 
 
