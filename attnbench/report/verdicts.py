@@ -96,6 +96,9 @@ def scaling_sections(table: pd.DataFrame, meta: dict) -> list[Section]:
     main.anchor = main.anchor or "scaling"
     if "\n\nVerdicts:\n" in main.text:
         main.text = main.text.split("\n\nVerdicts:\n")[0]
+    # the fits' own verdict text moves to the Verdicts table, reworded from the numbers
+    main.tables = [(caption, table.drop(columns=["verdict"]) if caption == "Fits"
+                    and "verdict" in table else table) for caption, table in main.tables]
     main.tables.insert(0, ("Verdicts: one line per fit (time and memory; FLOP counts are in "
                            "the Fits table)", verdicts_table(fits)))
     for variable, words in (("d_k", "head size d_k"), ("heads", "heads"),
