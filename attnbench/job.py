@@ -30,8 +30,8 @@ import pandas as pd
 
 from attnbench.claims import ledger
 from attnbench.report import build as report
+from attnbench.report import heatmaps
 from attnbench.report import html as html_report
-from attnbench.report import plots
 from attnbench.report.hosts import host_peaks, scaling_by_group
 from attnbench.report.sections import Section
 from attnbench.studies import params, stability
@@ -242,7 +242,7 @@ def _in_point_order(table: pd.DataFrame, points) -> pd.DataFrame:
 #: Producers of the computed sections, in report order: (name, function returning a
 #: Section or a list of them).  The heat maps first, then the studies and the ledger.
 SECTION_PRODUCERS = (
-    ("attention heat maps", plots.heatmap_section),
+    ("attention heat maps", heatmaps.heatmap_section),
     ("softmax stability", stability.section),
     ("parameter arithmetic", params.section),
     ("claims ledger", ledger.section),

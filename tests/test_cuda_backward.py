@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import numba  # noqa: E402
-from attnbench.measure.oracle import tolerance  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
 import kernels  # noqa: E402
+from attnbench.measure.oracle import tolerance  # noqa: E402
 from kernels import _backends, cuda_backend, reference  # noqa: E402
 
 from .backward_support import assert_gradients_match, make_dout  # noqa: E402

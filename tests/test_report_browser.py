@@ -74,3 +74,20 @@ def test_a_clipped_or_short_claims_table_is_seen(tmp_path):
         "</style>", '#claims-table tr[id="claim-C03"] { display: none; }</style>')
     path.write_text(hiding, encoding="utf-8")
     assert check_page(path)["claims"]["shown"] == 29
+
+
+def test_the_verdict_filter_shows_only_that_verdicts_claims(tmp_path):
+    table = claims_table(31)
+    table.attrs["html"] = table.attrs["html"].replace(
+        'id="claim-C03" data-verdict="holds"', 'id="claim-C03" data-verdict="does-not-hold"')
+    page = render_html([Section(title="Claims ledger", anchor="claims",
+                                tables=[("claims", table)])])
+    assert "does-not-hold (1)" in page and "all (31)" in page
+    path = tmp_path / "page.html"
+    path.write_text(page, encoding="utf-8")
+    assert check_page(path)["claims"]["shown"] == 31  # "all" is checked at first
+    # as if the reader clicked "does-not-hold": the stylesheet hides every other row
+    picked = page.replace('id="claims-filter-all" checked', 'id="claims-filter-all"').replace(
+        'id="claims-filter-does-not-hold"', 'id="claims-filter-does-not-hold" checked')
+    path.write_text(picked, encoding="utf-8")
+    assert check_page(path)["claims"]["shown"] == 1

@@ -134,7 +134,7 @@ def test_claims_filter_offers_each_verdict_with_its_count():
       "n_used": 2}, "no fit: 2 usable point(s), 3 needed"),
 ])
 def test_fit_verdicts_read_as_plain_english(row, words):
-    from attnbench.report.build import reading
+    from attnbench.report.verdicts import reading
 
     text = reading({"variable": "d_k", "quantity": "time", "backend": "numba", **row})
     assert text.startswith(words), text

@@ -1,8 +1,12 @@
 """The report: tables and plots turned into one self-contained HTML page.
 
 - :mod:`~attnbench.report.build`: reads a results folder and builds the report.
-- :mod:`~attnbench.report.html`: writes the HTML page.
-- :mod:`~attnbench.report.plots`: the figures.
-- :mod:`~attnbench.report.sections`: the unit a report is made of.
+- :mod:`~attnbench.report.summary`: the cards at the top, one per question.
+- :mod:`~attnbench.report.verdicts`: the scaling verdicts in plain words, more plots.
+- :mod:`~attnbench.report.html`: writes the HTML page; :mod:`~attnbench.report.tables`
+  its tables (formatted numbers, verdict colours).
+- :mod:`~attnbench.report.plots`: the figures; :mod:`~attnbench.report.heatmaps` the
+  attention heat maps.
+- :mod:`~attnbench.report.sections`: the unit a report is made of, and the verdict tones.
 - :mod:`~attnbench.report.hosts`: results of several machines side by side.
 """

@@ -1,15 +1,17 @@
 """One self-contained HTML page from a list of :class:`attnbench.report.sections.Section`.
 
 :func:`render_html` writes a page with a table of contents, one ``<section>`` per
-Section (its text as paragraphs, its tables through pandas, its figures as PNG
-embedded as ``data:`` URIs) and inline CSS: no script, no external stylesheet, font
-or image, so the file can be mailed or archived alone.
+Section (its text as paragraphs, its ready-made HTML such as the summary's cards, its
+tables through :func:`attnbench.report.tables.table_html`, its figures as PNG embedded
+as ``data:`` URIs) and inline CSS: no script, no external stylesheet, font or image, so
+the file can be mailed or archived alone.  Every table sits in a scroll box of its own
+(first column sticky; long tables scroll vertically too, except the claims ledger,
+which is shown in full under CSS-only verdict filters).
 
 A Section's table may carry ready-made HTML in ``table.attrs["html"]`` (the claims
-ledger colours its verdict cells that way): it is embedded as is.  Otherwise the
-DataFrame is rendered by pandas, with ``attrs["html_id"]`` / ``attrs["html_class"]``
-as the table's id and class if given.  A figure may be a matplotlib Figure, PNG bytes,
-or the path of a PNG file.
+ledger colours its verdict cells that way): it is embedded as is.  Otherwise
+``attrs["html_id"]`` / ``attrs["html_class"]`` give the table's id and class.  A figure
+may be a matplotlib Figure, PNG bytes, or the path of a PNG file.
 
 :func:`save_sections` and :func:`load_sections` store sections on disk (a folder per
 section: ``section.json``, its tables as CSV, its figures as PNG), so ``attnbench

@@ -13,8 +13,7 @@ when the table holds nothing to draw.
 - :func:`error_by_backend`: max abs error against the oracle per backend, with the
   tolerance of each problem.
 - :func:`memory_vs_length`: peak extra memory of one call against L, with fitted slopes.
-- :func:`attention_heatmaps`: attention weights of a short English sentence, without a
-  mask, with a causal mask and with padding.
+- the attention heat maps live in :mod:`attnbench.report.heatmaps` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,7 +23,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from attnbench.report.sections import Section
+from attnbench.report.heatmaps import (  # noqa: F401  (re-exported)
+    SENTENCE,
+    attention_heatmaps,
+    heatmap_section,
+    heatmap_weights,
+)
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]
@@ -256,22 +260,26 @@ def gflops_by_backend(table: pd.DataFrame, gemm_peaks: dict, *,
              if data[data["mask"] == m]["L"].nunique() >= 2]
     if not masks:
         return None
-    fig = Figure(figsize=(5.2 * len(masks), 4.2), layout="constrained")
+    fig = Figure(figsize=(5.2 * len(masks), 4.8), layout="constrained")
     axes = fig.subplots(1, len(masks), squeeze=False, sharey=True)[0]
     for ax, mask in zip(axes, masks, strict=True):
         panel = data[data["mask"] == mask]
         varying = _varying(panel, SERIES_KEYS)
         for fixed, series in _length_series(panel, SERIES_KEYS):
             ax.plot(series["L"], series["gflops"], "o-", color=_color(fixed["backend"]),
-                    label=_series_label(fixed, varying))
+                    label=_series_label(fixed, varying)
+                    + _stops(table, {**fixed, "mask": mask}, "L", series["L"].max(),
+                             panel["L"].max()))
         for style, dtype in zip(("-.", ":"), sorted(panel["dtype"].unique()), strict=False):
             peak = gemm_peaks.get(dtype)
             if peak:
                 ax.axhline(peak, color="black", linestyle=style,
                            label=f"{dtype} {peak_label} {peak:.0f} GFLOP/s")
-        ax.set(yscale="log", ylabel="GFLOP/s", title=f"mask: {mask}")
+        ax.set(yscale="log", ylabel="GFLOP/s (visible pairs only)",
+               title=f"Throughput against L, mask: {mask}")
         _length_axis(ax, panel["L"])
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  ncols=2, frameon=False)
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
@@ -287,9 +295,9 @@ def _oracle_note(table: pd.DataFrame) -> str:
     if skipped.empty:
         return ""
     limit = re.search(r"limit ([\d,]+)", str(skipped["oracle"].iloc[0]))
-    return ("\nno error beyond the oracle's limit"
-            + (f" (B·H·L² ≤ {limit.group(1)} score entries)" if limit else "")
-            + f": {len(skipped)} larger point(s) unchecked")
+    return ("\nerrors only up to the oracle's limit"
+            + (f", B·H·L² ≤ {limit.group(1)}" if limit else "")
+            + f";\n{len(skipped)} larger point(s) not checked against it")
 
 
 def error_by_backend(table: pd.DataFrame) -> Figure | None:
@@ -343,81 +351,3 @@ def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> F
                           column=memory_growth, scale=2**20,
                           ylabel="peak extra memory − smallest call's (MiB)",
                           title="Memory against L")
-
-
-#: The example sentence of the heat maps.
-SENTENCE = "The cat sat on the mat because it was tired"
-
-
-def heatmap_weights(sentence: str = SENTENCE, *, d_model: int = 16, n_pad: int = 3,
-                    seed: int = 0) -> list[tuple[str, list[str], np.ndarray]]:
-    """Attention weights of one head over a short sentence: no mask, causal, padding.
-
-    The sentence is split into words; each distinct word gets a random embedding
-    (d_model entries, seeded), queries and keys are the embeddings times random
-    projections W_Q, W_K, and the weights come from
-    ``kernels.attention(..., return_weights=True)``.  The padding panel appends
-    ``n_pad`` "<pad>" tokens and passes ``key_lengths`` = the number of words: no
-    query may attend to a pad.
-
-    Returns
-    -------
-    list of (title, tokens, weights (L, L))
-    """
-    import kernels
-
-    words = sentence.lower().split()
-    padded = words + ["<pad>"] * n_pad
-    rng = np.random.default_rng(seed)
-    vocabulary = {word: index for index, word in enumerate(dict.fromkeys(padded))}
-    embeddings = rng.standard_normal((len(vocabulary), d_model))  # (V, d_model)
-    w_q = rng.standard_normal((d_model, d_model)) / np.sqrt(d_model)
-    w_k = rng.standard_normal((d_model, d_model)) / np.sqrt(d_model)
-
-    def weights(tokens, **kwargs):
-        x = embeddings[[vocabulary[t] for t in tokens]]  # (L, d_model)
-        _, w = kernels.attention(x @ w_q, x @ w_k, x, return_weights=True, **kwargs)
-        return w  # (L, L)
-
-    return [
-        ("no mask", words, weights(words)),
-        ("causal (query i sees keys j ≤ i)", words, weights(words, causal=True)),
-        (f"padding ({n_pad} <pad> keys, key_lengths={len(words)})", padded,
-         weights(padded, key_lengths=len(words))),
-    ]
-
-
-def attention_heatmaps(panels=None) -> Figure:
-    """Heat maps of :func:`heatmap_weights` (computed if not given), side by side."""
-    panels = heatmap_weights() if panels is None else panels
-    fig = Figure(figsize=(5.4 * len(panels), 5.6), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (title, tokens, w) in zip(axes, panels, strict=True):
-        image = ax.imshow(w, cmap="viridis", vmin=0, vmax=1)
-        ax.set_xticks(range(len(tokens)), tokens, rotation=60, ha="right", fontsize=8)
-        ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
-        ax.set(xlabel="key", ylabel="query", title=title)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
-    return fig
-
-
-def heatmap_section() -> list[Section]:
-    """The report's section with :func:`attention_heatmaps` and what the weights show."""
-    panels = heatmap_weights()
-    (_, words, full), (_, _, causal), (_, padded, padding) = panels
-    n = len(words)
-    above_diagonal = float(np.max(causal[np.triu_indices(n, k=1)]))
-    on_pads = float(np.max(padding[:, n:]))
-    row_sums = np.concatenate([w.sum(axis=-1) for _, _, w in panels])
-    text = (f'Attention weights of one head on "{SENTENCE}": random word embeddings '
-            "(16 entries, seed 0) and random query/key projections, computed with "
-            "kernels.attention(..., return_weights=True) on the default backend. Each row "
-            "is a query, each column a key.\n\n"
-            f"Measured on these weights: the largest causal weight above the diagonal is "
-            f"{above_diagonal:g}; the largest weight on a <pad> key is {on_pads:g} (the pad "
-            "rows still attend to the words: a padding mask hides keys, not queries); "
-            f"row sums differ from 1 by at most {np.abs(row_sums - 1).max():.1e}; the largest "
-            f"weight without a mask is {full.max():.3f}.")
-    return [Section(title="Attention heat maps", text=text,
-                    figures=[("Attention weights on an example sentence",
-                              attention_heatmaps(panels))])]

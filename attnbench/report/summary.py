@@ -108,8 +108,9 @@ def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link) -> l
                  + (f"{quantity} ∝ L{_pm(row)} ({outcome})" if not pd.isna(row.get("slope"))
                     else f"no fit ({_usable(row)})")
                  for (_, row), outcome in zip(mine.iterrows(), outcomes, strict=True)]
+        order = ["_o", "ci95"] if "ci95" in mine else ["_o"]  # other fit columns may come
         best = mine.assign(_o=[o == "confirmed" for o in outcomes]).sort_values(
-            ["_o", "ci95"], ascending=[False, True], na_position="last").iloc[0]
+            order, ascending=[False, True][:len(order)], na_position="last").iloc[0]
         number = (f"{quantity} ∝ L{_pm(best)}" if not pd.isna(best.get("slope"))
                   else "too few usable points")
         result.append(Card(question.format(backend=backend), verdict, tone, number, link,
