@@ -39,7 +39,7 @@ from attnbench.measure.flops import attention_flops
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import TOLERANCE
+from attnbench.studies.scaling import CLASS_NAMES, TOLERANCE
 from kernels import reference
 
 
@@ -168,7 +168,8 @@ def c12() -> Result:
               "memory_slope_reference": memory["reference"],
               "memory_slope_numba": memory["numba"], "load_average": load_average()}
     measured = (f"CPU time ∝ L^{fit.slope:.2f} [{fit.ci_low:.2f}, {fit.ci_high:.2f}] (95%, "
-                f"c + a·L^p, bootstrap over the samples; best class {fit.best_class} in "
+                f"c + a·L^p, bootstrap over the samples; best class "
+                f"{CLASS_NAMES[fit.best_class].format(v='L')} in "
                 f"{fit.class_share:.0%} of resamples; one thread; L = "
                 f"{', '.join(map(str, C12_LENGTHS))}, 1 head, d 64: "
                 f"{', '.join(f'{m * 1e3:.2f}' for m in medians)} ms); FLOPs ∝ "
@@ -191,7 +192,7 @@ def judge_c18(is_view: bool, share_interval: tuple[float, float]) -> tuple[str, 
     where = side(low, high, 0.0, 0.05)
     if where == "inside":
         return CAVEAT, (f"no arithmetic, but not free: a transpose + reshape copies the "
-                        f"B·L·d_model outputs, {low:.1%}–{high:.1%} of the attention call's "
+                        f"B·L·d_model outputs, {low:.2%}–{high:.2%} of the attention call's "
                         "time here")
     return (FAILS, "") if where == "outside" else (INCONCLUSIVE, "")
 
@@ -219,7 +220,7 @@ def c18() -> Result:
     measured = (f"merge_heads (1, 12, 512, 64) → {merged.shape}: view of the heads: {is_view} "
                 f"(a copy); {times['merge']['median'] * 1e6:.0f} µs vs "
                 f"{times['attention']['median'] * 1e3:.1f} ms for the attention (CPU time) "
-                f"({share:.1%} [{low:.1%}, {high:.1%}]); split_heads is a view: {split_view}")
+                f"({share:.2%} [{low:.2%}, {high:.2%}]); split_heads is a view: {split_view}")
     return Result(verdict, measured, condition=condition, values=values,
                   details="The copy is O(L·d_model) memory traffic, no FLOPs; PyTorch's "
                           ".transpose().contiguous().view() copies the same way.")
