@@ -8,11 +8,13 @@ Measuring (after pyperf and asv):
   :meth:`timeit.Timer.autorange` does: the batch size ("inner calls", ``number``) grows
   1, 2, 5, 10, 20, 50, ... until one batch lasts ``min_time``; a sample is the batch's time
   divided by ``number``, and the :class:`Timing` reports ``number``.
-- **Many samples; median with a bootstrap interval.**  Batches are repeated ``repeat``
-  times within ``max_time`` seconds (at least ``min_repeat`` times).  Every sample is kept;
-  the summary is the median (timing noise is one-sided and skewed: interrupts, other
-  processes) with a 95% percentile-bootstrap interval (:func:`median_interval`,
-  :func:`scipy.stats.bootstrap`, fixed seed: the same samples give the same interval).
+- **Many samples; median with an interval.**  Batches are repeated ``repeat`` times within
+  ``max_time`` seconds (at least ``min_repeat`` times).  Every sample is kept; the summary
+  is the median (timing noise is one-sided and skewed: interrupts, other processes) with
+  its 95% distribution-free interval (order statistics,
+  :func:`~attnbench.measure.intervals.median_interval`: the percentile bootstrap of a
+  median covers too little with a benchmark's sample counts, see its notes).  Ratios of
+  medians get a bootstrap interval (:func:`~attnbench.measure.intervals.ratio_interval`).
 - **CPU time beside wall time.**  Each sample records the wall clock and the process's
   and the calling thread's CPU time (:func:`time.process_time`, :func:`time.thread_time`).
   CPU time is the *work* (it does not grow while the process waits for a core another
@@ -117,7 +119,7 @@ class Timing:
 
     @cached_property
     def ci95(self) -> tuple[float, float]:
-        """95% bootstrap interval of the median (:func:`median_interval`)."""
+        """95% interval of the median (:func:`median_interval`; nan under 6 samples)."""
         return median_interval(self.samples)
 
     @property
@@ -324,7 +326,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
             cpu_clock: Clock = time.process_time, thread_clock: Clock = time.thread_time,
             target: float = NOISE_TARGET, budget: float = 0.0, probe: Probe | None = None,
             max_samples: int = 500) -> Timing:
-    """Time ``fn()``: median, bootstrap interval and spread over batches, warm-up excluded.
+    """Time ``fn()``: median, its interval and spread over batches, warm-up excluded.
 
     Parameters
     ----------
