@@ -143,11 +143,21 @@ def compare_folders(before: Path, after: Path, *, threshold: float = THRESHOLD,
 
 
 def _machines_note(meta_before: dict, meta_after: dict) -> str:
+    """Lines on what else than the code differs: the machine, or a busy machine."""
+    notes = []
     cpu = [(meta.get("machine") or {}).get("cpu_model") for meta in (meta_before, meta_after)]
     if cpu[0] and cpu[1] and cpu[0] != cpu[1]:
-        return (f"Note: different machines ({cpu[0]} / {cpu[1]}): the ratios compare the "
-                "machines as much as the code.")
-    return ""
+        notes.append(f"Note: different machines ({cpu[0]} / {cpu[1]}): the ratios compare "
+                     "the machines as much as the code.")
+    for name, meta in (("A", meta_before), ("B", meta_after)):
+        loads = [meta.get(f"load_average_1m_{when}") for when in ("start", "end")]
+        cores = (meta.get("machine") or {}).get("usable_cores")
+        loads = [load for load in loads if load is not None]
+        if cores and loads and max(loads) > 0.5 * cores:
+            notes.append(f"Note: {name} was measured on a busy machine (1-min load up to "
+                         f"{max(loads):.1f} on {cores} cores): its times include waiting "
+                         "for cores other processes held.")
+    return "\n".join(notes)
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -155,11 +155,14 @@ def test_c27_c29_flop_counts():
 
 JUDGE_C29 = [
     # (time ratio, its 95% interval), FLOP ratio, layer FLOP ratio -> verdict
+    # (the interval is widened by RUN_TO_RUN = 5% before it is compared with 5.95-8.05)
     pytest.param((7.0, 6.8, 7.2), 7.11, 2.84, CAVEAT, id="about-7-attention-only"),
-    pytest.param((6.0, 5.97, 6.05), 7.11, 2.84, CAVEAT, id="6.0-interval-within-15pct"),
-    pytest.param((5.9, 5.8, 5.94), 7.11, 2.84, FAILS, id="5.9-interval-too-slow-a-drop"),
+    pytest.param((6.5, 6.4, 6.6), 7.11, 2.84, CAVEAT, id="6.5-interval-within-15pct"),
+    pytest.param((6.0, 5.97, 6.05), 7.11, 2.84, INCONCLUSIVE, id="6.0-within-but-not-by-5pct"),
+    pytest.param((5.4, 5.3, 5.5), 7.11, 2.84, FAILS, id="5.4-interval-too-slow-a-drop"),
+    pytest.param((5.9, 5.8, 5.94), 7.11, 2.84, INCONCLUSIVE, id="5.9-within-5pct-of-5.95"),
     pytest.param((6.0, 5.8, 6.2), 7.11, 2.84, INCONCLUSIVE, id="interval-straddles-5.95"),
-    pytest.param((8.2, 8.1, 8.3), 7.11, 2.84, FAILS, id="8.2-too-fast"),
+    pytest.param((8.8, 8.6, 9.0), 7.11, 2.84, FAILS, id="8.8-too-fast"),
     pytest.param((7.0, 6.8, 7.2), 5.0, 2.84, FAILS, id="flops-not-7"),
 ]
 

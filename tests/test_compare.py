@@ -84,3 +84,15 @@ def test_cli_exit_status_plot_and_csv(tmp_path, capsys):
     other.mkdir()
     sweep({2048: 1e-2}).to_csv(other / "sweep.csv", index=False)
     assert main(["compare", str(folders["a"]), str(other)]) == 2
+
+
+def test_notes_say_when_machines_differ_or_were_busy():
+    from attnbench.compare import _machines_note
+
+    quiet = {"load_average_1m_start": 0.2, "load_average_1m_end": 0.3,
+             "machine": {"cpu_model": "X", "usable_cores": 2}}
+    busy = {**quiet, "load_average_1m_end": 5.0}
+    other = {**quiet, "machine": {"cpu_model": "Y", "usable_cores": 2}}
+    assert _machines_note(quiet, quiet) == ""
+    assert "B was measured on a busy machine" in _machines_note(quiet, busy)
+    assert "different machines (X / Y)" in _machines_note(quiet, other)

@@ -126,3 +126,11 @@ def test_scaling_table_fits_wall_and_cpu_time_from_the_samples():
     assert set(fits["clock"][fits["quantity"] == "cpu"]) == {"CPU time (work)"}
     again = scaling_table(table)
     assert again["verdict"].tolist() == fits["verdict"].tolist()  # same samples, same words
+
+
+def test_a_cost_that_falls_with_x_gets_the_smallest_exponent_without_warnings(recwarn):
+    rng = np.random.default_rng(6)
+    samples = [1e-3 / value * (1 + rng.exponential(0.05, 8)) for value in LENGTHS]
+    fit = fit_scaling(LENGTHS, samples)
+    assert fit.slope < 0.1 and fit.ci_high < 0.2  # no growing cost fits: the grid's floor
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -95,7 +95,7 @@ from attnbench.measure.problems import (
     load_average,
     make_inputs,
 )
-from attnbench.measure.timing import Timing, default_probe, peak_extra_memory
+from attnbench.measure.timing import Timing, default_probe, fault, peak_extra_memory
 from attnbench.measure.timing import interleaved as timing_interleaved
 
 # --- timing ---------------------------------------------------------------------------------
@@ -466,6 +466,10 @@ def run_bench(config: BenchConfig | None = None, *,
     for name, peak in used.items():  # % of the peak against the larger measurement
         dtype_rows = table["dtype"] == name
         table.loc[dtype_rows, "pct_of_gemm_peak"] = 100 * table.loc[dtype_rows, "gflops"] / peak
+    impossible = table["pct_of_gemm_peak"] > 100  # never a result: a measurement fault
+    table["fault"] = [fault(pct, 100, "% of the GEMM peak") if bad else ""
+                      for pct, bad in zip(table["pct_of_gemm_peak"], impossible, strict=True)]
+    table.loc[impossible, "pct_of_gemm_peak"] = np.nan
     record = machine_record()
     record["numba_threads"] = threads
     for column, value in machine_columns(record).items():

@@ -29,17 +29,18 @@ from attnbench.claims.rules import (
     Result,
     about,
     interleaved_medians,
-    load_average,
     loglog_slope,
     ratio,
     rounds_to,
     side,
+    widen,
 )
 from attnbench.measure.flops import attention_flops
+from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import TOLERANCE
+from attnbench.studies.scaling import CLASS_NAMES, TOLERANCE
 from kernels import reference
 
 
@@ -168,7 +169,8 @@ def c12() -> Result:
               "memory_slope_reference": memory["reference"],
               "memory_slope_numba": memory["numba"], "load_average": load_average()}
     measured = (f"CPU time ∝ L^{fit.slope:.2f} [{fit.ci_low:.2f}, {fit.ci_high:.2f}] (95%, "
-                f"c + a·L^p, bootstrap over the samples; best class {fit.best_class} in "
+                f"c + a·L^p, bootstrap over the samples; best class "
+                f"{CLASS_NAMES[fit.best_class].format(v='L')} in "
                 f"{fit.class_share:.0%} of resamples; one thread; L = "
                 f"{', '.join(map(str, C12_LENGTHS))}, 1 head, d 64: "
                 f"{', '.join(f'{m * 1e3:.2f}' for m in medians)} ms); FLOPs ∝ "
@@ -183,15 +185,16 @@ def c12() -> Result:
 def judge_c18(is_view: bool, share_interval: tuple[float, float]) -> tuple[str, str]:
     """Verdict on "the concat costs nothing": holds if merging the heads is a view (no copy);
     if it copies, holds-with-caveat when the whole 95% interval of its share of the
-    attention call it follows is under 5 %, does-not-hold when wholly at or above,
+    attention call it follows (widened by the run-to-run allowance
+    :data:`~attnbench.claims.rules.RUN_TO_RUN`) is under 5 %, does-not-hold when wholly above,
     inconclusive otherwise.  Returns (verdict, condition)."""
     if is_view:
         return HOLDS, ""
     low, high = share_interval
-    where = side(low, high, 0.0, 0.05)
+    where = side(*widen(low, high), 0.0, 0.05)
     if where == "inside":
         return CAVEAT, (f"no arithmetic, but not free: a transpose + reshape copies the "
-                        f"B·L·d_model outputs, {low:.1%}–{high:.1%} of the attention call's "
+                        f"B·L·d_model outputs, {low:.2%}–{high:.2%} of the attention call's "
                         "time here")
     return (FAILS, "") if where == "outside" else (INCONCLUSIVE, "")
 
@@ -219,7 +222,7 @@ def c18() -> Result:
     measured = (f"merge_heads (1, 12, 512, 64) → {merged.shape}: view of the heads: {is_view} "
                 f"(a copy); {times['merge']['median'] * 1e6:.0f} µs vs "
                 f"{times['attention']['median'] * 1e3:.1f} ms for the attention (CPU time) "
-                f"({share:.1%} [{low:.1%}, {high:.1%}]); split_heads is a view: {split_view}")
+                f"({share:.2%} [{low:.2%}, {high:.2%}]); split_heads is a view: {split_view}")
     return Result(verdict, measured, condition=condition, values=values,
                   details="The copy is O(L·d_model) memory traffic, no FLOPs; PyTorch's "
                           ".transpose().contiguous().view() copies the same way.")
@@ -301,7 +304,8 @@ def judge_c29(time_ratio: tuple[float, float, float], flop_ratio: float,
               layer_flop_ratio: float) -> tuple[str, str]:
     """Verdict on "512 → 192 makes attention about 7× faster": does-not-hold if the FLOP
     ratio does not round to 7 (6.5–7.5).  Otherwise the measured time ratio (ratio, low,
-    high of its 95% interval) is judged against "about 7" (±15 %: 5.95–8.05):
+    high of its 95% interval, widened by the run-to-run allowance
+    :data:`~attnbench.claims.rules.RUN_TO_RUN`) is judged against "about 7" (±15 %: 5.95–8.05):
     holds-with-caveat if the whole interval is inside (the whole encoder layer, whose
     projections and MLP are linear in L, speeds up only by ``layer_flop_ratio``);
     does-not-hold if it is wholly outside; inconclusive if it straddles an end.  Returns
@@ -309,7 +313,7 @@ def judge_c29(time_ratio: tuple[float, float, float], flop_ratio: float,
     if not rounds_to(flop_ratio, 7, 1):
         return FAILS, ""
     value, low, high = time_ratio
-    where = side(low, high, 7 * (1 - ABOUT_RELATIVE), 7 * (1 + ABOUT_RELATIVE))
+    where = side(*widen(low, high), 7 * (1 - ABOUT_RELATIVE), 7 * (1 + ABOUT_RELATIVE))
     if where == "inside":
         return CAVEAT, (f"for the attention alone (measured {value:.1f}× [{low:.1f}, "
                         f"{high:.1f}]); a whole BERT-base layer, whose projections and MLP "

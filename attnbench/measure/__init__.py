@@ -1,7 +1,10 @@
 """Measuring: everything a number in attnbench is taken with.
 
-- :mod:`~attnbench.measure.timing`: the one CPU timer (interleaved rounds, median, spread)
-  and peak extra memory.
+- :mod:`~attnbench.measure.timing`: the one CPU timer (calibrated batches, wall and CPU
+  time, interleaved rounds, re-measurement while noisy), re-exporting:
+  :mod:`~attnbench.measure.intervals` (a median's and a ratio's 95% interval),
+  :mod:`~attnbench.measure.probe` (the interference probe, the check for impossible
+  figures) and :mod:`~attnbench.measure.memory` (peak extra memory).
 - :mod:`~attnbench.measure.gpu_timing`: CUDA-event timing of the GPU backends, the device
   record and its FMA peak.
 - :mod:`~attnbench.measure.machine`: the machine record (CPU, threads, BLAS, versions) and

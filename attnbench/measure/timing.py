@@ -8,11 +8,13 @@ Measuring (after pyperf and asv):
   :meth:`timeit.Timer.autorange` does: the batch size ("inner calls", ``number``) grows
   1, 2, 5, 10, 20, 50, ... until one batch lasts ``min_time``; a sample is the batch's time
   divided by ``number``, and the :class:`Timing` reports ``number``.
-- **Many samples; median with a bootstrap interval.**  Batches are repeated ``repeat``
-  times within ``max_time`` seconds (at least ``min_repeat`` times).  Every sample is kept;
-  the summary is the median (timing noise is one-sided and skewed: interrupts, other
-  processes) with a 95% percentile-bootstrap interval (:func:`median_interval`,
-  :func:`scipy.stats.bootstrap`, fixed seed: the same samples give the same interval).
+- **Many samples; median with an interval.**  Batches are repeated ``repeat`` times within
+  ``max_time`` seconds (at least ``min_repeat`` times).  Every sample is kept; the summary
+  is the median (timing noise is one-sided and skewed: interrupts, other processes) with
+  its 95% distribution-free interval (order statistics,
+  :func:`~attnbench.measure.intervals.median_interval`: the percentile bootstrap of a
+  median covers too little with a benchmark's sample counts, see its notes).  Ratios of
+  medians get a bootstrap interval (:func:`~attnbench.measure.intervals.ratio_interval`).
 - **CPU time beside wall time.**  Each sample records the wall clock and the process's
   and the calling thread's CPU time (:func:`time.process_time`, :func:`time.thread_time`).
   CPU time is the *work* (it does not grow while the process waits for a core another
@@ -28,9 +30,10 @@ Measuring (after pyperf and asv):
 All clocks are arguments, so the statistics are testable with a synthetic clock.  The
 garbage collector is off while timing (as :mod:`timeit` does).
 
-Intervals live in :mod:`attnbench.measure.intervals`; :func:`peak_extra_memory` (the peak
-memory a call needs on top of what was allocated before it) in
-:mod:`attnbench.measure.memory`; both are re-exported here.
+Intervals live in :mod:`attnbench.measure.intervals`, the probe and the fault check in
+:mod:`attnbench.measure.probe`, and :func:`peak_extra_memory` (the peak memory a call needs
+on top of what was allocated before it) in :mod:`attnbench.measure.memory`; all are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from attnbench.measure.intervals import (
     ratio_interval,
 )
 from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
+from attnbench.measure.probe import PROBE_TOLERANCE, Probe, default_probe, fault
 
 __all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_samples",
            "interleaved",
@@ -61,8 +65,6 @@ __all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_
 
 #: A median is "noisy" while its 95% interval's half-width exceeds this fraction of it.
 NOISE_TARGET = 0.03
-#: A probe slower than its best time by more than this fraction means interference.
-PROBE_TOLERANCE = 0.3
 
 Clock = Callable[[], float]
 
@@ -117,7 +119,7 @@ class Timing:
 
     @cached_property
     def ci95(self) -> tuple[float, float]:
-        """95% bootstrap interval of the median (:func:`median_interval`)."""
+        """95% interval of the median (:func:`median_interval`; nan under 6 samples)."""
         return median_interval(self.samples)
 
     @property
@@ -214,77 +216,6 @@ class _Clocks:
         raise AssertionError("unreachable")
 
 
-class Probe:
-    """A fixed small workload timed between sampling rounds: a gauge of interference.
-
-    Parameters
-    ----------
-    fn : callable, optional
-        The workload; by default a 64 x 64 float64 matrix product (a few µs: BLAS, caches
-        and the core, as the kernels use them).
-    min_time : float, default 2e-4
-        Calibrated batch length of one probe reading, in seconds.
-    clock : callable, default time.perf_counter
-    tolerance : float, default PROBE_TOLERANCE
-        A reading slower than the best one by more than this fraction is "disturbed".
-    """
-
-    def __init__(self, fn: Callable[[], object] | None = None, *, min_time: float = 2e-4,
-                 clock: Clock = time.perf_counter, tolerance: float = PROBE_TOLERANCE):
-        if fn is None:
-            matrix = np.random.default_rng(0).standard_normal((64, 64))
-            fn = lambda: matrix @ matrix  # noqa: E731
-        self.fn, self.min_time, self.tolerance = fn, min_time, tolerance
-        self.clocks = _Clocks(wall=clock, cpu=clock, thread=clock)
-        self.number: int | None = None
-        self.readings: list[float] = []  # seconds per call
-
-    def __call__(self) -> float:
-        """Time the probe once; seconds per call."""
-        if self.number is None:
-            self.fn()  # warm-up
-            self.number, _ = self.clocks.calibrate(self.fn, self.min_time, 1.0)
-        wall = self.clocks.batch(self.fn, self.number)[0] / self.number
-        self.readings.append(wall)
-        return wall
-
-    @property
-    def best(self) -> float:
-        """The fastest reading so far: the quiet machine."""
-        return min(self.readings) if self.readings else math.nan
-
-    def slowdown(self, reading: float) -> float:
-        """``reading / best``."""
-        return reading / self.best
-
-    def disturbed(self, reading: float) -> bool:
-        """True if ``reading`` is slower than the best by more than ``tolerance``."""
-        return self.slowdown(reading) > 1 + self.tolerance
-
-
-def fault(value: float, limit: float, what: str) -> str:
-    """A message if ``value`` exceeds what can be true, else ``""``.
-
-    A fraction of a peak above 100% or a parallel speed-up above the thread count is not
-    a result: the peak or the point was measured while disturbed.  Callers print the
-    message instead of the figure.
-    """
-    if value > limit:
-        return (f"measurement fault: {what} {value:.3g} exceeds {limit:g}, which cannot be; "
-                "the machine was disturbed during this or the reference measurement")
-    return ""
-
-
-_PROCESS_PROBE: list = []  # the process's default probe, made on first use
-
-
-def default_probe() -> Probe:
-    """This process's :class:`Probe` (one per process: its best reading is the baseline)."""
-    if not _PROCESS_PROBE:
-        _PROCESS_PROBE.append(Probe())
-    return _PROCESS_PROBE[0]
-
-
 class _Series:
     """The samples of one function, round by round, and what the probe read around them."""
 
@@ -324,7 +255,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
             cpu_clock: Clock = time.process_time, thread_clock: Clock = time.thread_time,
             target: float = NOISE_TARGET, budget: float = 0.0, probe: Probe | None = None,
             max_samples: int = 500) -> Timing:
-    """Time ``fn()``: median, bootstrap interval and spread over batches, warm-up excluded.
+    """Time ``fn()``: median, its interval and spread over batches, warm-up excluded.
 
     Parameters
     ----------

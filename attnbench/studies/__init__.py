@@ -2,6 +2,8 @@
 
 - :mod:`~attnbench.studies.scaling`: power-law fits (time, FLOPs, memory against L, d_k,
   heads, batch) with intervals and verdicts.
+- :mod:`~attnbench.studies.fits`: the one fit behind them: c + a·x^p with a bootstrap
+  interval over the samples, and the complexity class of least residual.
 - :mod:`~attnbench.studies.stability`: softmax saturation with and without the 1/√d_k scale.
 - :mod:`~attnbench.studies.params`: parameter arithmetic of published models.
 """

@@ -136,13 +136,24 @@ def _weighted_fits(basis: np.ndarray, medians: np.ndarray):
         no_overhead = ~(c >= 0)  # also where det is 0
         a = np.where(no_overhead, sv / svv, a)
     c = np.where(no_overhead, 0.0, c)
-    rss = n - 2 * c * su - 2 * a * sv + c * c * suu + 2 * c * a * suv + a * a * svv
+    with np.errstate(invalid="ignore", over="ignore"):
+        rss = n - 2 * c * su - 2 * a * sv + c * c * suu + 2 * c * a * suv + a * a * svv
     rss = np.where(a > 0, np.maximum(rss, 0.0), np.inf)
     return c, a, rss
 
 
 def _exponent(scaled_x: np.ndarray, medians: np.ndarray, overhead: bool) -> np.ndarray:
-    """The best p for each row of ``medians`` (B, n): grid search, parabolic refinement."""
+    """The best p for each row of ``medians`` (B, n): grid search, parabolic refinement.
+
+    A row whose best fit nowhere has a > 0 (a cost that falls with x) gets the grid's
+    smallest p; inf residuals of such fits are expected, hence the silenced warnings.
+    """
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return _exponent_unchecked(scaled_x, medians, overhead)
+
+
+def _exponent_unchecked(scaled_x: np.ndarray, medians: np.ndarray,
+                        overhead: bool) -> np.ndarray:
     if not overhead:  # plain log-log least squares, vectorised over the rows
         lx = np.log(scaled_x) - np.log(scaled_x).mean()
         ly = np.log(medians)
@@ -155,8 +166,7 @@ def _exponent(scaled_x: np.ndarray, medians: np.ndarray, overhead: bool) -> np.n
     rows = np.arange(len(best))
     left, mid, right = rss[rows, best - 1], rss[rows, best], rss[rows, best + 1]
     curvature = left - 2 * mid + right
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shift = np.where(curvature > 0, 0.5 * (left - right) / curvature, 0.0)
+    shift = np.where(curvature > 0, 0.5 * (left - right) / curvature, 0.0)
     return fine_p[rows, best] + np.clip(np.nan_to_num(shift), -1, 1) * P_STEP
 
 
@@ -220,10 +230,12 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
     fitted = c + a * scaled**slope
     log_m = np.log(medians[0])
     sst = float(np.sum((log_m - log_m.mean()) ** 2))
-    r2 = 1 - float(np.sum((log_m - np.log(fitted)) ** 2)) / sst if sst > 0 else 1.0
+    with np.errstate(invalid="ignore", divide="ignore"):  # a fit that is 0 somewhere: nan
+        r2 = 1 - float(np.sum((log_m - np.log(fitted)) ** 2)) / sst if sst > 0 else 1.0
     picks = _best_class(scaled, _resampled_medians(samples, resamples))
     best = int(_best_class(scaled, medians)[0])
-    return PowerFit(slope=slope, intercept=float(np.log(a) - slope * np.log(scale)),
+    intercept = float(np.log(a) - slope * np.log(scale)) if a > 0 else -np.inf
+    return PowerFit(slope=slope, intercept=intercept,
                     stderr=np.nan, ci95=(high - low) / 2, n=x.size, r2=r2,
                     x_min=float(x.min()), x_max=float(x.max()), overhead=c,
                     ci_low=low, ci_high=high, best_class=list(CLASSES)[best],

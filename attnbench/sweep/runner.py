@@ -292,10 +292,12 @@ class PointRunner:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
-        # Up to 15 samples in max_time (at least 6: the fewest with a 95% interval of the
-        # median), then rounds within as much again while the interval is wide or the
-        # probe sees interference (measure.timing).
-        timing = measure(call, warmup=1, repeat=15, min_repeat=6, min_time=1e-3,
+        # Batches of at least 10 ms (several scheduler time slices: on a shared machine a
+        # 1 ms batch is either undisturbed or a whole slice late, and its median flips
+        # between the two), up to 15 in max_time and at least 6 (the fewest with a 95%
+        # interval of the median), then rounds within as much again while the interval is
+        # wide or the probe sees interference (measure.timing).
+        timing = measure(call, warmup=1, repeat=15, min_repeat=6, min_time=0.01,
                          max_time=self.max_time, budget=self.max_time, probe=default_probe())
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
