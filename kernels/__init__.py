@@ -5,6 +5,9 @@
 >>> kernels.attention(q, k, v, causal=True).shape
 (2, 4, 8, 16)
 
+:func:`attention_backward` gives the gradients (dq, dk, dv) of ``sum(dout * attention(...))``
+from the forward's ``out`` and ``lse`` (``attention(..., return_lse=True)``).
+
 Backends: ``"reference"`` (the literal formula in NumPy, float64 accumulation: the
 oracle), ``"numba"`` (fused CPU kernel, parallel) and ``"cuda"`` (numba.cuda; runs in
 Numba's CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``).  Importing this package
