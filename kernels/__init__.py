@@ -13,7 +13,7 @@ imports neither Numba nor the CUDA driver; kernels compile on first use and are 
 
 from __future__ import annotations
 
-from . import _backends
+from . import _backends, mods
 from ._backends import (
     BackendUnavailableError,
     available_backends,
@@ -21,13 +21,20 @@ from ._backends import (
     cuda_status,
     has_real_gpu,
 )
-from ._validate import AttentionProblem, causal_offset, check_attention_args, check_backend
+from ._validate import (
+    AttentionProblem,
+    causal_offset,
+    check_attention_args,
+    check_backend,
+    check_mods,
+)
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
 __all__ = [
     "attention",
     "prepare",
+    "mods",
     "softmax",
     "MultiHeadAttention",
     "AttentionProblem",
@@ -42,7 +49,8 @@ __version__ = "0.1.0"
 
 
 def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-              dropout_p=0.0, seed=None, backend="auto", return_weights=False):
+              dropout_p=0.0, seed=None, backend="auto", return_weights=False,
+              score_mod=None, mask_mod=None):
     """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
 
     Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
@@ -77,6 +85,15 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     return_weights : bool, default False
         Also return the softmax weights (..., H, Lq, Lk), before dropout. Only then is an
         L x L array materialised.
+    score_mod : callable or kernels.mods.ScoreMod, optional
+        ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's signature),
+        applied to every scaled score before the additive ``mask``; ``h`` is the query
+        head.  A plain or ``@numba.njit`` function, or a :mod:`kernels.mods` built-in
+        (``alibi``, ``softcap``, ``relative_bias``, ``chain``, ``score_mod(fn, *arrays)``).
+    mask_mod : callable or kernels.mods.MaskMod, optional
+        ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), combined with the other
+        masks; tiles it hides entirely are skipped.  E.g. ``kernels.mods.sliding_window``,
+        ``document``, ``prefix_lm``, ``and_masks``, ``block_mask``.
 
     Returns
     -------
@@ -93,7 +110,9 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     ------
     TypeError, ValueError
         Bad input, before any work is done; the message names the argument, the shapes
-        seen and what was expected.
+        seen and what was expected.  A score or mask function that Numba cannot compile,
+        or of the wrong arity or return type, is a TypeError naming it; an exception
+        raised inside one is a ValueError naming it, chained from the original.
     BackendUnavailableError
         (a ValueError) ``backend="cuda"`` where neither a GPU nor the simulator is usable.
     """
@@ -101,6 +120,7 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     problem = prepare(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+        score_mod=score_mod, mask_mod=mask_mod,
     )
     name = _backends.resolve(backend, problem)
     out, weights = _backends.module(name).run(problem)
@@ -110,7 +130,8 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
 
 
 def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-            dropout_p=0.0, seed=None, return_weights=False) -> AttentionProblem:
+            dropout_p=0.0, seed=None, return_weights=False, score_mod=None,
+            mask_mod=None) -> AttentionProblem:
     """Validate the arguments of :func:`attention` and normalise them, without running it.
 
     For callers that need the problem a call describes (its shape, its visible pairs, its
@@ -141,7 +162,8 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     >>> p.shape, p.causal_offset
     ((2, 4, 2, 8, 8, 16, 16), 0)
     """
-    return check_attention_args(
+    problem = check_attention_args(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
+    return check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
