@@ -31,7 +31,6 @@ import math
 import numba
 import numpy as np
 from numba import njit, prange, types
-from numba.core.errors import NumbaError
 
 #: Tile classes (int64 in the kernels).
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -142,6 +141,26 @@ def check_arity(kind: str, fn, n_index: int, n_arrays: int) -> None:
         ) from None
 
 
+_CANONICAL: dict = {}
+
+
+def canonical(fn):
+    """The first function seen with ``fn``'s code, globals and defaults, if it has no closure.
+
+    A lambda or local function written once but created anew at each call (a fresh object
+    each time) then compiles once, not at every call.
+    """
+    if isinstance(fn, numba.core.registry.CPUDispatcher) or not inspect.isfunction(fn):
+        return fn
+    if fn.__closure__ is not None or fn.__kwdefaults__:
+        return fn
+    key = (fn.__code__, id(fn.__globals__), fn.__defaults__)
+    try:
+        return _CANONICAL.setdefault(key, fn)
+    except TypeError:  # unhashable defaults
+        return fn
+
+
 def cpu_dispatcher(fn):
     """``fn`` as a Numba CPU dispatcher: itself if it is one, else ``numba.njit(fn)`` (memoised)."""
     if isinstance(fn, numba.core.registry.CPUDispatcher):
@@ -158,7 +177,7 @@ def probe(kind: str, fn, arg_types: tuple, want) -> None:
     disp = cpu_dispatcher(fn)
     try:
         disp.compile(arg_types)
-    except NumbaError as exc:
+    except Exception as exc:  # a NumbaError, or an error raised while Numba reads the code
         first = str(exc).strip().splitlines()
         raise TypeError(
             f"Numba cannot compile {describe(kind, fn)} for arguments "
@@ -171,24 +190,22 @@ def probe(kind: str, fn, arg_types: tuple, want) -> None:
         raise TypeError(f"{describe(kind, fn)} must return {expected}; it returns {ret}")
 
 
-def adapt_user(target: str, kind: str, fn):
-    """The element form of user function ``fn``: unpacks ``args`` after the indices."""
+def adapt_user(target: str, kind: str, fn, n_arrays: int):
+    """The element form of user function ``fn``: passes ``args[0] .. args[n - 1]`` after
+    the indices.  Written out (not ``*args``): CUDA's IR-level inlining rejects a star call."""
 
     def build():
         if target == "cpu":
             inner = cpu_dispatcher(fn)
         else:
             inner = jit_for(target)(python_function(kind, fn))
-        jit = jit_for(target)
-        if kind == "mask_mod":
-            def element(b, h, q_idx, kv_idx, args):
-                return inner(b, h, q_idx, kv_idx, *args)
-        else:
-            def element(score, b, h, q_idx, kv_idx, args):
-                return inner(score, b, h, q_idx, kv_idx, *args)
-        return jit(element)
+        index = "b, h, q_idx, kv_idx" if kind == "mask_mod" else "score, b, h, q_idx, kv_idx"
+        call = ", ".join([index] + [f"args[{n}]" for n in range(n_arrays)])
+        namespace = {"inner": inner}
+        exec(f"def element({index}, args):\n    return inner({call})\n", namespace)
+        return jit_for(target)(namespace["element"])
 
-    return memo(("user", target, kind, fn), build)
+    return memo(("user", target, kind, fn, n_arrays), build)
 
 
 def normalise_array(name: str, x) -> np.ndarray:

@@ -384,6 +384,10 @@ def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int |
     weights : ndarray, shape (B, H, Lq, Lk), or None unless ``problem.return_weights``
     """
     check_supported(problem)
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        from ._cuda_mods import run as run_mods  # the kernel with the mods compiled in
+
+        return run_mods(problem, block_q=block_q, block_k=block_k)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype
     if B * H * Lq == 0:

@@ -456,7 +456,7 @@ class _UserMask(MaskMod):
 
     def __init__(self, fn, arrays):
         mc = _compile()
-        self.fn = fn
+        self.fn = fn = mc.canonical(fn)
         self._arrays = arrays
         mc.check_arity("mask_mod", fn, 4, len(arrays))
         super().__init__(mc.describe("mask_mod", fn))
@@ -467,15 +467,15 @@ class _UserMask(MaskMod):
         return self._arrays
 
     def element(self, target="cpu", dtype=np.float64):
-        return _compile().adapt_user(target, "mask_mod", self.fn)
+        return _compile().adapt_user(target, "mask_mod", self.fn, len(self._arrays))
 
 
 class _UserScore(ScoreMod):
     def __init__(self, fn, arrays, grad):
         mc = _compile()
-        self.fn = fn
+        self.fn = fn = mc.canonical(fn)
         self._arrays = arrays
-        self._grad = grad
+        self._grad = grad = None if grad is None else mc.canonical(grad)
         mc.check_arity("score_mod", fn, 5, len(arrays))
         if grad is not None:
             mc.check_arity("score_mod grad", grad, 5, len(arrays))
@@ -501,7 +501,7 @@ class _UserScore(ScoreMod):
 
     def element(self, target="cpu", dtype=np.float64):
         self.probe(dtype)
-        return _compile().adapt_user(target, "score_mod", self.fn)
+        return _compile().adapt_user(target, "score_mod", self.fn, len(self._arrays))
 
     @property
     def has_grad(self) -> bool:
@@ -515,7 +515,7 @@ class _UserScore(ScoreMod):
                 "kv_idx, *arrays) = d fn / d score"
             )
         self.probe(dtype)
-        return _compile().adapt_user(target, "score_mod", self._grad)
+        return _compile().adapt_user(target, "score_mod", self._grad, len(self._arrays))
 
 
 def _bound_arrays(arrays) -> tuple:
