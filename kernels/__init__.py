@@ -145,7 +145,8 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         (contiguous, one dtype; leading batch dims folded into B), ``mask`` as given (bool or
         additive; ``additive_mask()`` and ``visibility_mask()`` give each form),
         ``key_lengths`` (int64, shape (B,)), ``causal_offset`` (query i sees keys
-        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``.
+        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``,
+        ``score_mod`` and ``mask_mod`` (:mod:`kernels.mods` objects, checked; or None).
         ``shape`` is ``(B, H, Hkv, Lq, Lk, D, Dv)``; ``visible()`` is the (B, H, Lq, Lk)
         bool visibility of every pair (an L x L array: for small problems).
 

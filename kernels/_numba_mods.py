@@ -14,6 +14,9 @@ diagonal, the dense mask's count):
 - FULL: no per-element check (the score function alone);
 - PARTIAL: every pair is checked (``causal``, ``mask_mod``, ``mask``) and a hidden score
   becomes ``-inf`` before the softmax, so a NaN or inf in a hidden key reaches nothing.
+  Without a dense ``mask`` the check is branch-free (the score function is evaluated on
+  every pair of the tile, hidden or not, then the hidden ones are replaced), so that
+  LLVM vectorises it.
 
 Runs of non-empty cells are merged into tiles of up to ``BLOCK_K`` keys for the two GEMMs.
 A partly hidden tile holding a non-finite value is multiplied by loops that skip p = 0,
@@ -27,12 +30,12 @@ import numpy as np
 from numba import njit, prange
 
 from . import _mods_compile as mc
+from . import numba_cpu
 from ._dropout import dropout_threshold
 from ._validate import AttentionProblem
 from .numba_cpu import (
     _FASTMATH,
     BLOCK_K,
-    HAVE_BLAS,
     _adds_to_scores,
     _all_finite,
     _dropout_bits,
@@ -52,8 +55,9 @@ from .numba_cpu import (
     single_threaded_blas,
 )
 
-#: Query rows per task when a mask function is given: smaller blocks skip more (a block
-#: of 64 rows under a window of W keys reads ~W + 64 keys per row).
+#: Query rows per task when a mask function is given, unless larger blocks compute no
+#: more pairs (see ``mask_block_rows``): a block of 64 rows under a window of W keys
+#: reads ~W + 64 keys per row.
 MOD_BLOCK_Q = 64
 #: Keys per cell: the unit of the tile classification.
 CELL_K = 64
@@ -81,6 +85,42 @@ def _classify(b, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset, m
         if n_seen < (i1 - i0) * (j1 - j0) or _adds_to_scores(mask):
             cls = PARTIAL
     return cls
+
+
+@njit
+def _visible_work(tile_fn, mask_args, Lq, Lk, block_q, cell_k, causal, causal_offset):
+    """Query rows x keys that blocks of ``block_q`` rows compute for batch 0, head 0."""
+    work = 0
+    for i0 in range(0, Lq, block_q):
+        i1 = min(i0 + block_q, Lq)
+        key_end = min(Lk, i1 + causal_offset) if causal else Lk
+        for j0 in range(0, key_end, cell_k):
+            j1 = min(j0 + cell_k, key_end)
+            if tile_fn(0, 0, i0, i1, j0, j1, mask_args) != EMPTY:
+                work += (i1 - i0) * (j1 - j0)
+    return work
+
+
+def mask_block_rows(problem: AttentionProblem, tile_fn, mask_args, largest: int) -> int:
+    """Query rows per task under a mask function: the largest of 64, 128, ... ``largest``
+    whose blocks compute at most 10 % more pairs than blocks of 64 (measured on batch 0,
+    head 0 with the mask's own tile function; a user function's, which would evaluate
+    every pair, is not consulted: 64).  Larger blocks reuse K and V tiles over more rows
+    and make larger GEMMs (8 documents: blocks of 512, no extra pair); a window needs small
+    ones (each block reads W + block keys per row)."""
+    if not problem.mask_mod.analytic:
+        return min(MOD_BLOCK_Q, largest)
+    _, _, _, Lq, Lk, _, _ = problem.shape
+    args = (tile_fn, mask_args, Lq, Lk)
+    causal = (problem.causal_offset is not None, problem.causal_offset or 0)
+    base = _visible_work(*args, MOD_BLOCK_Q, CELL_K, *causal)
+    best = min(MOD_BLOCK_Q, largest)
+    block_q = 2 * MOD_BLOCK_Q
+    while block_q <= largest:
+        if _visible_work(*args, block_q, CELL_K, *causal) <= 1.1 * base:
+            best = block_q
+        block_q *= 2
+    return best
 
 
 @njit(fastmath=_FASTMATH, error_model="numpy")
@@ -153,6 +193,17 @@ def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causa
                 n_visible = nk
                 for c in range(nk):
                     s_row[c] = score_fn(s_row[c] * scale, b, h, i, j0 + c, score_args)
+                    key_max = max(key_max, _max_key(s_row[c]))
+            elif not has_mask:  # branch-free loops: LLVM vectorises them
+                last = i + causal_offset if causal else j1  # keys <= last pass causal
+                for c in range(nk):
+                    s_row[c] = score_fn(s_row[c] * scale, b, h, i, j0 + c, score_args)
+                n_visible = 0
+                for c in range(nk):
+                    jj = j0 + c
+                    seen = mask_fn(b, h, i, jj, mask_args) & (jj <= last)
+                    s_row[c] = s_row[c] if seen else neg_inf
+                    n_visible += seen
                     key_max = max(key_max, _max_key(s_row[c]))
             else:
                 n_visible = 0
@@ -299,7 +350,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
 
     Parameters as :func:`kernels.numba_cpu.run`.
     """
-    use_blas = HAVE_BLAS if use_blas is None else bool(use_blas)
+    use_blas = numba_cpu.HAVE_BLAS if use_blas is None else bool(use_blas)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype.type
     if problem.return_weights:
@@ -316,8 +367,9 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         parallel = not is_small(problem)
     block_q = block_rows(problem, numba.get_num_threads()) if parallel else 512
     skipping = problem.mask_mod is not None or problem.causal_offset is not None or has_mask
+    mods_args = mod_arguments(problem, "cpu")
     if problem.mask_mod is not None:
-        block_q = min(block_q, MOD_BLOCK_Q)
+        block_q = mask_block_rows(problem, mods_args[1], mods_args[2], block_q)
     cell_k = CELL_K if skipping else BLOCK_K
     args = (
         problem.q, problem.k, problem.v, mask, mask_strides, has_mask,
@@ -327,7 +379,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         out, weights, problem.return_weights,
         block_q, BLOCK_K, cell_k, True if use_blas else None,
-    ) + mod_arguments(problem, "cpu")
+    ) + mods_args
     kernel = _attention_mods_parallel if parallel else _attention_mods_serial
     guarded = use_blas and parallel
     with (launch_guard() if parallel else _null()), (single_threaded_blas() if guarded

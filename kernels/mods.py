@@ -217,7 +217,7 @@ def _int(name: str, x, minimum: int = 0) -> int:
 
 
 def _window_element(b, h, q_idx, kv_idx, args):
-    return kv_idx >= q_idx - args[0] and kv_idx <= q_idx + args[1]
+    return (kv_idx >= q_idx - args[0]) & (kv_idx <= q_idx + args[1])  # & and |: no branch
 
 
 def _window_tile(b, h, i0, i1, j0, j1, args):
@@ -248,7 +248,7 @@ def sliding_window(left: int, right: int = 0) -> MaskMod:
 def _prefix_element(b, h, q_idx, kv_idx, args):
     lengths = args[0]
     n = lengths[b if lengths.shape[0] > 1 else 0]
-    return kv_idx < n or kv_idx <= q_idx
+    return (kv_idx < n) | (kv_idx <= q_idx)
 
 
 def _prefix_tile(b, h, i0, i1, j0, j1, args):
@@ -267,14 +267,15 @@ def _batch_vector(name: str, x, kind: str) -> np.ndarray:
     ok = np.issubdtype(arr.dtype, np.integer) if kind == "int" else (
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer))
     if arr.dtype == np.bool_ or not ok:
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected {'integers' if kind == 'int' else 'floats'}")
+        expected = "integers" if kind == "int" else "floats"
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected {expected}")
     if arr.ndim > 1:
         raise ValueError(f"{name} must be a scalar or 1-D; got shape {arr.shape}")
     return np.ascontiguousarray(arr.reshape(-1))
 
 
 def prefix_lm(prefix_lengths) -> MaskMod:
-    """Prefix-LM (T5, PaLI): key j is visible to query i when ``j < prefix_lengths[b]`` or ``j <= i``.
+    """Prefix-LM (T5, PaLI): key j is visible to query i if ``j < prefix_lengths[b]`` or ``j <= i``.
 
     Parameters
     ----------
@@ -705,7 +706,8 @@ class BlockMask(MaskMod):
         self.user_names = inner.user_names
 
     def args(self, dtype=np.float64):
-        return (self.table, np.int64(self.cell_q), np.int64(self.cell_k)) + self.mask_mod.args(dtype)
+        cells = (self.table, np.int64(self.cell_q), np.int64(self.cell_k))
+        return cells + self.mask_mod.args(dtype)
 
     def element(self, target="cpu", dtype=np.float64):
         mc = _compile()

@@ -62,7 +62,7 @@ def _assert_same(a, b, dtype):
     np.testing.assert_allclose(a, b, rtol=8 * np.finfo(dtype).eps, atol=8 * np.finfo(dtype).eps)
 
 
-# --- built-ins against their dense equivalents, through the reference --------------------------
+# --- built-ins against their dense equivalents, through the reference ----------------------------
 
 DOCS = _documents(2, 150, [[CELL, 2 * CELL], [1, 2, 3, 77, 149]])  # edges on cells; 1-token docs
 
@@ -104,7 +104,8 @@ def _score_builtins(B, H, Lq, Lk, dtype):
     ]
 
 
-REF_SHAPES = [dict(B=2, H=4, Hkv=2, Lq=150, Lk=150, D=16), dict(B=2, H=2, Hkv=1, Lq=37, Lk=150, D=9)]
+REF_SHAPES = [dict(B=2, H=4, Hkv=2, Lq=150, Lk=150, D=16),
+              dict(B=2, H=2, Hkv=1, Lq=37, Lk=150, D=9)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -113,8 +114,8 @@ def test_mask_builtins_equal_their_dense_masks_in_the_reference(shape, dtype):
     q, k, v = _qkv(**shape, dtype=dtype)
     B, H, Lq, Lk = shape["B"], shape["H"], shape["Lq"], shape["Lk"]
     for name, mod, dense in _mask_builtins(B, H, Lq, Lk):
-        np.testing.assert_array_equal(mod.dense(B, H, Lq, Lk), np.broadcast_to(dense, (B, H, Lq, Lk)),
-                                      err_msg=name)
+        np.testing.assert_array_equal(mod.dense(B, H, Lq, Lk),
+                                      np.broadcast_to(dense, (B, H, Lq, Lk)), err_msg=name)
         for causal in (False, True):
             ours = kernels.attention(q, k, v, mask_mod=mod, causal=causal, backend="reference")
             theirs = kernels.attention(q, k, v, mask=dense, causal=causal, backend="reference")
@@ -126,7 +127,7 @@ def test_mask_builtins_equal_their_dense_masks_in_the_reference(shape, dtype):
 def test_score_builtins_equal_their_dense_biases_in_the_reference(shape, dtype):
     q, k, v = _qkv(**shape, dtype=dtype)
     B, H, Lq, Lk = shape["B"], shape["H"], shape["Lq"], shape["Lk"]
-    for name, mod, bias in _score_builtins(B, H, Lq, Lk, dtype):
+    for _name, mod, bias in _score_builtins(B, H, Lq, Lk, dtype):
         for causal in (False, "bottom-right"):
             ours = kernels.attention(q, k, v, score_mod=mod, causal=causal, backend="reference")
             theirs = kernels.attention(q, k, v, mask=bias.astype(dtype), causal=causal,
@@ -154,12 +155,13 @@ def test_softcap_and_chain_equal_the_formula_in_the_reference(dtype):
     slopes = np.array([0.5, 0.25, 0.125, 0.0625])
     i, j = _ij(37, 50)
     bias = slopes[:, None, None] * (j - i)
-    for mod, b in [(mods.softcap(2.0), None), (mods.chain(mods.alibi(slopes), mods.softcap(2.0)), bias)]:
+    chained = mods.chain(mods.alibi(slopes), mods.softcap(2.0))
+    for mod, b in [(mods.softcap(2.0), None), (chained, bias)]:
         ours = kernels.attention(q, k, v, score_mod=mod, backend="reference")
         _assert_same(ours, _softcap_formula(q, k, v, 2.0, b).astype(dtype), dtype)
 
 
-# --- the numba kernel against the oracle -----------------------------------------------------------
+# --- the numba kernel against the oracle ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -180,7 +182,7 @@ NUMBA_SHAPES = [
 def test_numba_mask_builtins_match_the_oracle(serial, shape, dtype):
     q, k, v = _qkv(**shape, dtype=dtype)
     B, H, Lq, Lk = shape["B"], shape["H"], shape["Lq"], shape["Lk"]
-    for name, mod, _ in _mask_builtins(B, H, Lq, Lk):
+    for _name, mod, _ in _mask_builtins(B, H, Lq, Lk):
         for causal in (False, True, "bottom-right"):
             assert_matches_reference(q, k, v, "numba", mask_mod=mod, causal=causal)
 
@@ -193,7 +195,7 @@ def test_numba_score_builtins_match_the_oracle(serial, shape, dtype):
     scored = [(name, mod) for name, mod, _ in _score_builtins(B, H, Lq, Lk, dtype)]
     scored += [("softcap", mods.softcap(0.5)),
                ("alibi then softcap", mods.chain(scored[0][1], mods.softcap(0.5)))]
-    for name, mod in scored:
+    for _name, mod in scored:
         for causal in (False, True):
             assert_matches_reference(q, k, v, "numba", score_mod=mod, causal=causal)
 
@@ -204,7 +206,8 @@ COMBINED = [
         mask_mod=mods.sliding_window(CELL - 1), score_mod=mods.alibi(np.linspace(0.1, 1, H)),
         key_lengths=np.array([L, L // 2 + 3])[:B])),
     ("window+bool mask+dropout", lambda B, H, L: dict(
-        mask_mod=mods.sliding_window(CELL + 1, 2), mask=np.random.default_rng(1).random((L, L)) < 0.8,
+        mask_mod=mods.sliding_window(CELL + 1, 2),
+        mask=np.random.default_rng(1).random((L, L)) < 0.8,
         dropout_p=0.2, seed=7, causal=True)),
     ("document+float mask+softcap", lambda B, H, L: dict(
         mask_mod=mods.document(DOCS), score_mod=mods.softcap(1.5),
@@ -238,8 +241,7 @@ def test_numba_parallel_kernel(use_blas):
 
 def test_rows_that_see_nothing_get_zero():
     q, k, v = _qkv(Lq=20, Lk=20, dtype=np.float64)
-    # bottom-right causal with Lq = Lk hides nothing new; a window left of the diagonal by
-    # its right edge... simplest: key_lengths 0 for batch 1, and a mask hiding odd rows.
+    # odd rows see nothing (the mask function), nor does batch 1 (key_lengths 0)
     odd_rows_blind = mods.mask_mod(lambda b, h, qi, ki: qi % 2 == 0)
     out = kernels.attention(q, k, v, mask_mod=odd_rows_blind, key_lengths=[20, 0],
                             backend="numba")
@@ -248,7 +250,7 @@ def test_rows_that_see_nothing_get_zero():
     assert_matches_reference(q, k, v, "numba", mask_mod=odd_rows_blind, key_lengths=[20, 0])
 
 
-# --- user functions ----------------------------------------------------------------------------
+# --- user functions ------------------------------------------------------------------------------
 
 
 def same_document(b, h, q_idx, kv_idx, doc_ids):
@@ -310,7 +312,7 @@ def test_plain_function_passed_directly(serial):
                  dense, np.float32)  # the kernel's own float64 rounding: far below this
 
 
-# --- bad functions ---------------------------------------------------------------------------------
+# --- bad functions -------------------------------------------------------------------------------
 
 
 def _three_args(b, h, q_idx):
@@ -354,7 +356,8 @@ BAD_FUNCTIONS = [
      r"3 slopes for 4 query heads"),
     ("document Lq != Lk", dict(mask_mod=mods.document(np.zeros((2, 150), int))), ValueError,
      r"Lq = Lk = L"),
-    ("block mask of another shape", dict(mask_mod=mods.block_mask(mods.sliding_window(2), 2, 4, 64, 64)),
+    ("block mask of another shape",
+     dict(mask_mod=mods.block_mask(mods.sliding_window(2), 2, 4, 64, 64)),
      ValueError, r"computed for .* Lq=64"),
 ]
 
@@ -400,7 +403,7 @@ def test_exception_inside_a_function_is_a_value_error_naming_it(parallel):
     assert isinstance(info.value.__cause__, KeyError)
 
 
-# --- hidden keys are never read ---------------------------------------------------------------
+# --- hidden keys are never read ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("garbage", [np.nan, np.inf, 1e30], ids=["nan", "inf", "huge"])
@@ -422,7 +425,7 @@ def test_keys_hidden_by_a_mask_function_are_never_read(serial, monkeypatch, garb
         np.testing.assert_array_equal(after[:, :, rows], before[:, :, rows])
 
 
-# --- block masks -----------------------------------------------------------------------------------
+# --- block masks ---------------------------------------------------------------------------------
 
 
 def test_block_mask_classifies_cells_exactly_for_user_functions():
@@ -465,7 +468,26 @@ def test_block_mask_skips_empty_cells():
     np.testing.assert_array_equal(after[..., :CELL, :], before[..., :CELL, :])
 
 
-# --- derivatives (for a backward pass) ----------------------------------------------------------
+def _never_called(b, h, q_idx, kv_idx):
+    raise RuntimeError("the element function ran")
+
+
+def test_block_mask_cells_skip_the_element_function(serial):
+    """Documents on cell edges: every cell is empty or full, so the kernel never evaluates
+    the mask function per element (here one that raises), and skips the empty cells."""
+    ids = _documents(1, 150, [[CELL, 2 * CELL]])
+    table = mods.block_mask(mods.document(ids), 1, 1, 150, 150).table
+    assert set(np.unique(table)) == {mods.EMPTY, mods.FULL}
+    raising = mods.BlockMask(mods.mask_mod(_never_called), table, CELL, CELL, 150, 150, 0.0)
+    q, k, v = _qkv(B=1, H=1, Hkv=1)
+    out = kernels.attention(q, k, v, mask_mod=raising, backend="numba")
+    np.testing.assert_array_equal(
+        out, kernels.attention(q, k, v, mask_mod=mods.document(ids), backend="numba"))
+    with pytest.raises(ValueError, match="_never_called"):  # where a cell is partial, it runs
+        kernels.attention(q, k, v, mask_mod=raising, causal=True, backend="numba")
+
+
+# --- derivatives (for a backward pass) -----------------------------------------------------------
 
 
 def _finite_difference(mod, scores, step=1e-6):
