@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _backends
+from . import _backends, mods
 from ._backends import (
     BackendUnavailableError,
     available_backends,
@@ -26,7 +26,13 @@ from ._backends import (
     cuda_status,
     has_real_gpu,
 )
-from ._validate import AttentionProblem, causal_offset, check_attention_args, check_backend
+from ._validate import (
+    AttentionProblem,
+    causal_offset,
+    check_attention_args,
+    check_backend,
+    check_mods,
+)
 from .backward import attention_backward
 from .mha import MultiHeadAttention
 from .softmax import softmax
@@ -35,6 +41,7 @@ __all__ = [
     "attention",
     "attention_backward",
     "prepare",
+    "mods",
     "softmax",
     "MultiHeadAttention",
     "AttentionProblem",
@@ -50,7 +57,7 @@ __version__ = "0.1.0"
 
 def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
               dropout_p=0.0, seed=None, backend="auto", return_weights=False,
-              return_lse=False):
+              return_lse=False, score_mod=None, mask_mod=None):
     """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
 
     Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
@@ -89,6 +96,15 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         Also return the log-sum-exp of each query row's visible scores,
         ``lse[..., h, i] = log Σ_j exp(scale · q_i · k_j + mask_ij)`` (before dropout),
         ``-inf`` for a row that sees no key: what :func:`attention_backward` needs.
+    score_mod : callable or kernels.mods.ScoreMod, optional
+        ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's signature),
+        applied to every scaled score before the additive ``mask``; ``h`` is the query
+        head.  A plain or ``@numba.njit`` function, or a :mod:`kernels.mods` built-in
+        (``alibi``, ``softcap``, ``relative_bias``, ``chain``, ``score_mod(fn, *arrays)``).
+    mask_mod : callable or kernels.mods.MaskMod, optional
+        ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), combined with the other
+        masks; tiles it hides entirely are skipped.  E.g. ``kernels.mods.sliding_window``,
+        ``document``, ``prefix_lm``, ``and_masks``, ``block_mask``.
 
     Returns
     -------
@@ -107,7 +123,9 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     ------
     TypeError, ValueError
         Bad input, before any work is done; the message names the argument, the shapes
-        seen and what was expected.
+        seen and what was expected.  A score or mask function that Numba cannot compile,
+        or of the wrong arity or return type, is a TypeError naming it; an exception
+        raised inside one is a ValueError naming it, chained from the original.
     BackendUnavailableError
         (a ValueError) ``backend="cuda"`` where neither a GPU nor the simulator is usable.
     """
@@ -115,10 +133,16 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     problem = prepare(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
+        score_mod=score_mod, mask_mod=mask_mod,
     )
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = _backends.resolve(backend, problem)
+    if return_lse and name != "reference" and (score_mod is not None or mask_mod is not None):
+        raise ValueError(
+            f"return_lse=True with score_mod or mask_mod runs only on backend='reference' so "
+            f"far; the {name} kernel with compiled mods does not write the log-sum-exp"
+        )
     if return_lse:
         out, weights, lse = _backends.module(name).run(problem, return_lse=True)
         lse = problem.restore(lse[..., None])[..., 0]  # (..., H, Lq)
@@ -131,7 +155,8 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
 
 
 def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-            dropout_p=0.0, seed=None, return_weights=False) -> AttentionProblem:
+            dropout_p=0.0, seed=None, return_weights=False, score_mod=None,
+            mask_mod=None) -> AttentionProblem:
     """Validate the arguments of :func:`attention` and normalise them, without running it.
 
     For callers that need the problem a call describes (its shape, its visible pairs, its
@@ -145,7 +170,8 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         (contiguous, one dtype; leading batch dims folded into B), ``mask`` as given (bool or
         additive; ``additive_mask()`` and ``visibility_mask()`` give each form),
         ``key_lengths`` (int64, shape (B,)), ``causal_offset`` (query i sees keys
-        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``.
+        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``,
+        ``score_mod`` and ``mask_mod`` (:mod:`kernels.mods` objects, checked; or None).
         ``shape`` is ``(B, H, Hkv, Lq, Lk, D, Dv)``; ``visible()`` is the (B, H, Lq, Lk)
         bool visibility of every pair (an L x L array: for small problems).
 
@@ -162,7 +188,8 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     >>> p.shape, p.causal_offset
     ((2, 4, 2, 8, 8, 16, 16), 0)
     """
-    return check_attention_args(
+    problem = check_attention_args(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
+    return check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)

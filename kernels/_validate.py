@@ -11,6 +11,7 @@ argument it could misinterpret (and no user ever sees a Numba typing traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ class AttentionProblem:
     dropout_p: float  # probability of dropping an attention weight, in [0, 1)
     seed: int  # dropout seed in [0, 2**32)
     return_weights: bool
+    score_mod: object = None  # kernels.mods.ScoreMod applied to the scaled scores, or None
+    mask_mod: object = None  # kernels.mods.MaskMod (True = attend), or None
 
     @property
     def mask_is_bool(self) -> bool:
@@ -107,6 +110,8 @@ class AttentionProblem:
             vis &= j[None, None] < self.key_lengths[:, None, None, None]
         if self.mask is not None:
             vis &= self.visibility_mask()
+        if self.mask_mod is not None:
+            vis &= self.mask_mod.dense(B, H, Lq, Lk)
         return vis
 
     def restore(self, x: np.ndarray) -> np.ndarray:
@@ -364,7 +369,29 @@ def check_attention_args(
     return AttentionProblem(q=_to_4d(q), k=_to_4d(k), v=_to_4d(v), **fields)
 
 
-# --- the backward pass (issue 12) ---------------------------------------------------------
+def check_mods(problem: AttentionProblem, score_mod=None, mask_mod=None) -> AttentionProblem:
+    """``problem`` with its score and mask functions checked (:mod:`kernels.mods`).
+
+    Plain functions are wrapped and compiled on a probe (TypeError naming the function if
+    Numba cannot compile it, or its arity or return type is wrong); bound data that does
+    not fit the problem's shape is a ValueError.  Nothing runs.
+    """
+    if score_mod is None and mask_mod is None:
+        return problem
+    from . import mods
+
+    B, H, _, Lq, Lk, _, _ = problem.shape
+    score = None if score_mod is None else mods.as_score_mod(score_mod)
+    mask = None if mask_mod is None else mods.as_mask_mod(mask_mod)
+    for mod in (score, mask):
+        if mod is not None:
+            mod.check(B, H, Lq, Lk)
+    if score is not None:
+        score.element("cpu", problem.dtype)  # compiles (probes) user functions for the dtype
+    return dataclasses.replace(problem, score_mod=score, mask_mod=mask)
+
+
+# --- the backward pass ------------------------------------------------------------------------
 
 
 def _check_grad_like(name: str, x, expected_shape: tuple, dtype: np.dtype, what: str):

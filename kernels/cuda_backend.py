@@ -304,6 +304,13 @@ def _kernel_source(dtype):
 def _signature(dtype):
     """The kernel's argument types for ``dtype`` (arrays C-contiguous)."""
     F = numba.from_dtype(np.dtype(dtype))
+    return _base_signature(dtype) + (numba.types.Array(F, 3, "C"),)  # ..., lse
+
+
+def _base_signature(dtype):
+    """The argument types every attention kernel takes, up to ``block_k`` (the kernel with
+    compiled mods, :mod:`kernels._cuda_mods`, appends its own after them)."""
+    F = numba.from_dtype(np.dtype(dtype))
     array4 = numba.types.Array(F, 4, "C")
     i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
     return (
@@ -313,7 +320,6 @@ def _signature(dtype):
         F, u64, F, u64,  # scale, threshold, keep_scale, seed
         array4, array4, boolean,  # out, weights, want_weights
         i64,  # block_k
-        numba.types.Array(F, 3, "C"),  # lse
     )
 
 
@@ -439,6 +445,10 @@ def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int |
     weights : ndarray, shape (B, H, Lq, Lk), or None unless ``problem.return_weights``
     """
     check_supported(problem)
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        from ._cuda_mods import run as run_mods  # the kernel with the mods compiled in
+
+        return run_mods(problem, block_q=block_q, block_k=block_k)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype
     if B * H * Lq == 0:

@@ -675,6 +675,10 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         Compute the tile products with the BLAS (True) or with Numba loops (False);
         default: the BLAS where SciPy is installed (``HAVE_BLAS``).
     """
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        from ._numba_mods import run as run_mods  # the kernel with the mods compiled in
+
+        return run_mods(problem, parallel=parallel, use_blas=use_blas)
     use_blas = HAVE_BLAS if use_blas is None else bool(use_blas)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype.type

@@ -84,6 +84,8 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     # replaced by -inf before the softmax, so the warnings they raise are noise.
     with np.errstate(invalid="ignore", over="ignore"):
         scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
+        if problem.score_mod is not None:  # on the scaled scores, before the mask
+            scores = problem.score_mod.dense(scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
     visible = problem.visible()  # (B, H, Lq, Lk)

@@ -1,0 +1,142 @@
+"""The ``cuda`` backend with score and mask functions (``kernels.mods``).
+
+In Numba's CUDA simulator where no GPU exists (tiny shapes, tiles of 4 x 4 so that
+several tiles, ragged tails and empty tiles are crossed), against the float64 reference;
+and compiled to PTX in a subprocess (the real compiler: typing errors, float64
+instructions in a float32 kernel).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
+
+import kernels  # noqa: E402
+from kernels import _backends, cuda_backend, mods  # noqa: E402
+
+from .support import DTYPES, assert_matches_reference, run_ptx_script  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+COMPILE_ONLY = {"test_ptx_of_mod_kernels"}
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(request, monkeypatch):
+    usable, why = _backends.cuda_status()
+    if not usable and request.node.originalname not in COMPILE_ONLY:
+        pytest.skip(why)
+    monkeypatch.setattr(cuda_backend, "BLOCK_Q", 4)
+    monkeypatch.setattr(cuda_backend, "BLOCK_K", 4)
+
+
+def _qkv(B=2, H=2, Hkv=1, Lq=9, Lk=None, D=3, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    Lk = Lq if Lk is None else Lk
+    return (rng.standard_normal((B, H, Lq, D)).astype(dtype),
+            rng.standard_normal((B, Hkv, Lk, D)).astype(dtype),
+            rng.standard_normal((B, Hkv, Lk, D)).astype(dtype))
+
+
+def _user_stripes(b, h, q_idx, kv_idx, period):
+    return (q_idx - kv_idx) % period[0] != 1
+
+
+DOCS = np.array([[0, 0, 0, 0, 1, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1, 3]])  # edge on a tile
+
+CASES = [
+    # (name, shape, keywords)
+    ("window 2", dict(), lambda: dict(mask_mod=mods.sliding_window(2), causal=True)),
+    ("window 0 Lq<Lk", dict(Lq=5, Lk=9), lambda: dict(mask_mod=mods.sliding_window(0, 1))),
+    ("document", dict(), lambda: dict(mask_mod=mods.document(DOCS), causal=True)),
+    ("prefix_lm", dict(Lq=9, Lk=7), lambda: dict(mask_mod=mods.prefix_lm([3, 0]))),
+    ("alibi", dict(Lq=5, Lk=9), lambda: dict(score_mod=mods.alibi([0.5, 0.25]),
+                                             causal="bottom-right")),
+    ("softcap + float mask", dict(), lambda: dict(
+        score_mod=mods.softcap(0.7), mask=np.linspace(-1, 1, 81).reshape(9, 9))),
+    ("relative_bias + dropout", dict(), lambda: dict(
+        score_mod=mods.relative_bias(np.arange(10.0).reshape(2, 5) / 10), dropout_p=0.3, seed=3)),
+    ("and/or + chain + lengths", dict(), lambda: dict(
+        mask_mod=mods.or_masks(mods.and_masks(mods.document(DOCS), mods.sliding_window(3)),
+                               mods.prefix_lm(1)),
+        score_mod=mods.chain(mods.alibi([0.1, 0.2]), mods.softcap(1.0)), key_lengths=[9, 6])),
+    ("user function + block mask", dict(), lambda: dict(
+        mask_mod=mods.block_mask(mods.mask_mod(_user_stripes, np.array([3])), 2, 2, 9, 9,
+                                 cell_q=2, cell_k=3))),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape, make", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_matches_reference(shape, make, dtype):
+    q, k, v = _qkv(**shape, dtype=dtype)
+    kwargs = make()
+    if "mask" in kwargs:
+        kwargs["mask"] = kwargs["mask"].astype(dtype)
+    assert_matches_reference(q, k, v, "cuda", **kwargs)
+
+
+def test_keys_hidden_by_a_mask_function_are_never_read():
+    q, k, v = _qkv(B=1, H=1, Lq=12)
+    window = mods.sliding_window(1)
+    before = kernels.attention(q, k, v, mask_mod=window, causal=True, backend="cuda")
+    k2, v2 = k.copy(), v.copy()
+    k2[..., :4, :] = np.nan  # keys 0..3: hidden from rows 5.. (window of 1)
+    v2[..., :4, :] = np.inf
+    after = kernels.attention(q, k2, v2, mask_mod=window, causal=True, backend="cuda")
+    np.testing.assert_array_equal(after[..., 5:, :], before[..., 5:, :])
+
+
+def test_exception_inside_a_function_names_it():
+    def cursed(b, h, q_idx, kv_idx):
+        if q_idx == 3:
+            raise ValueError("row 3")
+        return True
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="mask_mod .*cursed.* raised"):
+        kernels.attention(q, k, v, mask_mod=cursed, backend="cuda")
+
+
+_PTX_SCRIPT = """
+import numpy as np
+import kernels
+from kernels import _cuda_mods, mods
+
+def stripes(b, h, q_idx, kv_idx, period):
+    return (q_idx - kv_idx) % period[0] != 1
+
+q = np.zeros((2, 2, 9, 8), np.float32)
+docs = np.zeros((2, 9), np.int64)
+variants = {
+    "window+alibi": dict(mask_mod=mods.sliding_window(3), score_mod=mods.alibi([0.1, 0.2])),
+    "document+softcap": dict(mask_mod=mods.document(docs), score_mod=mods.softcap(2.0)),
+    "user+relative_bias": dict(mask_mod=mods.mask_mod(stripes, np.array([3])),
+                               score_mod=mods.relative_bias(np.zeros((2, 5)))),
+    "and/or+chain": dict(mask_mod=mods.and_masks(mods.prefix_lm([1, 2]), mods.or_masks(
+        mods.sliding_window(2), mods.document(docs))),
+        score_mod=mods.chain(mods.alibi([0.1, 0.2]), mods.softcap(2.0))),
+}
+result = {}
+for dtype in (np.float32, np.float64):
+    for name, kwargs in variants.items():
+        p = kernels.prepare(q.astype(dtype), q.astype(dtype), q.astype(dtype), **kwargs)
+        ptx = _cuda_mods.compile_ptx(p, cc=(8, 0))
+        result[f"{name}/{np.dtype(dtype).name}"] = {
+            "entry": ".entry" in ptx,
+            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line][:5],
+        }
+print(json.dumps(result))
+"""
+
+
+def test_ptx_of_mod_kernels():
+    """Every built-in and a user function compile for the device; float32 stays float32."""
+    result = run_ptx_script(_PTX_SCRIPT)
+    assert len(result) == 8
+    for name, info in result.items():
+        assert info["entry"], name
+        if name.endswith("float32"):
+            assert info["f64_lines"] == [], f"{name} has float64 instructions: {info['f64_lines']}"
