@@ -286,7 +286,7 @@ def _add_bench(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="the numba backend against torch SDPA and plain NumPy, side by side",
         description=(
-            "Issue 4's table in one process: numba, torch SDPA (torch.set_num_threads = "
+            "The performance table in one process: numba, torch SDPA (torch.set_num_threads = "
             "Numba's threads) and a plain NumPy implementation on the same inputs, timed in "
             "interleaved rounds (medians, IQR, ratios of medians), with GFLOP/s and % of the "
             "float32 GEMM peak measured in the same run, the error of each against the "

@@ -1,10 +1,10 @@
-"""Time the numba backward pass against PyTorch's SDPA backward (issue 12's targets).
+"""Time the numba backward pass against PyTorch's SDPA backward (the backward's speed targets).
 
 Usage::
 
     python scripts/bench_backward.py [--L 1024 2048 4096] [--rounds 5] [--memory-L 16384]
 
-B = 1, H = 12, D = 64, float32 (issue 12's shape).  For each L and causal in {no, yes}:
+B = 1, H = 12, D = 64, float32 (the targets' shape).  For each L and causal in {no, yes}:
 
 - numba backward: ``kernels.attention_backward(q, k, v, dout, out=out, lse=lse)`` with
   ``out`` and ``lse`` from one forward call made beforehand (the forward is not timed);

@@ -1,11 +1,11 @@
-"""Issue 13's speed targets for score and mask functions, measured side by side.
+"""The speed targets of score and mask functions, measured side by side.
 
     python scripts/bench_mods.py [--rounds 5] [--quick] [--threads N]
 
 float32, B=1, H=12, D=64, numba backend.  Each comparison times its calls in interleaved
 rounds (the order rotates from round to round), after one warm-up call each (which
 compiles), and reports medians with the interquartile range and the ratio of medians.
-Targets (issue 13):
+Targets:
 
 - sliding window (left = 256, causal) at L = 16384: >= 16x faster than causal alone;
   and time against L·W over a small (L, W) grid (a power-law fit: exponent 1 = O(L·W));

@@ -1,7 +1,7 @@
 """Vector width of the numba kernel's compiled loops, per target CPU: a static check.
 
-Issue 14 asks whether LLVM's tuning for Intel's AVX-512 server cores (``prefer-256-bit``)
-makes Numba compile the kernel's loops (the polynomial exp, the row max, the rescaling)
+The question: does LLVM's tuning for Intel's AVX-512 server cores (``prefer-256-bit``)
+make Numba compile the kernel's loops (the polynomial exp, the row max, the rescaling)
 to 256-bit ymm vectors where the BLAS runs 512-bit zmm, while AMD's Zen 4 gets zmm.
 This script answers it from the assembly, without timing anything.
 

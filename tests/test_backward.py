@@ -1,4 +1,4 @@
-"""The backward pass (issue 12): gradient checks, differential tests, what is never read.
+"""The backward pass: gradient checks, differential tests, what is never read.
 
 - the float64 reference against central finite differences of the reference forward;
 - ``attention(..., return_lse=True)`` against the oracle's log-sum-exp;

@@ -87,7 +87,7 @@ def test_nan_in_hidden_keys_and_empty_query_rows_reaches_no_gradient():
 
 def test_partial_sum_dot_product_beats_one_running_sum():
     """The kernels' dot product (``make_dot``: 8 partial sums) against one sequential float32
-    sum, on the issue's large unscaled logits (|q|, |k| ~ 6, D = 64): smaller mean and max
+    sum, on large unscaled logits (|q|, |k| ~ 6, D = 64): smaller mean and max
     error over 256 pairs.  (In the simulator there is no FMA; on a GPU the sums contract
     to FMAs, which only helps.)"""
     dot = cuda_backend.make_dot(numba.float32)

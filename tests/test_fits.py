@@ -39,7 +39,7 @@ def test_bootstrap_interval_covers_the_true_exponent(exponent, overhead_share):
         widths.append(fit.ci95)
         assert fit.ci_low <= fit.slope <= fit.ci_high
     assert covered >= coverage_floor(trials)
-    assert np.median(widths) < 0.15  # the target half-width, at 5% noise
+    assert np.median(widths) < 0.15  # the target half-width, at 5% noise
 
 
 def test_the_overhead_model_recovers_the_exponent_a_plain_line_misses():

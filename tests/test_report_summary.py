@@ -138,5 +138,5 @@ def test_fit_verdicts_read_as_plain_english(row, words):
 
     text = reading({"variable": "d_k", "quantity": "time", "backend": "numba", **row})
     assert text.startswith(words), text
-    # never the self-contradiction of issue 11: "O(d_k) not confirmed ... (closest: O(d_k))"
+    # never the self-contradiction "O(d_k) not confirmed ... (closest: O(d_k))"
     assert not (text.startswith("O(d_k) not") and "O(d_k)" in text[6:])
