@@ -29,6 +29,7 @@ from attnbench.report.heatmaps import (  # noqa: F401  (re-exported)
     heatmap_section,
     heatmap_weights,
 )
+from attnbench.studies.scaling import fit_from_row, fit_mask, memory_growth
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]
@@ -165,8 +166,6 @@ def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: 
     each used point over its fitted value (1 = on the law).  The legend sits under the
     panels, off the data; a series that ends early says why.
     """
-    from attnbench.studies.scaling import fit_from_row, fit_mask
-
     keys = keys or [k for k in SERIES_KEYS + ["L", "mask"] if k != variable
                     and not (variable == "heads" and k == "kv_heads")]
     if variable == "heads" and "heads_per_kv" not in keys:  # GQA: the ratio stays fixed
@@ -343,8 +342,6 @@ def memory_vs_length(table: pd.DataFrame, fits: pd.DataFrame | None = None) -> F
     The y axis is the peak extra memory of one call minus that of the backend's smallest
     call (:func:`attnbench.studies.scaling.memory_growth`), the quantity the fits are made on.
     """
-    from attnbench.studies.scaling import memory_growth
-
     if "peak_mem_bytes" not in table:
         return None
     return scaling_figure(table, fits, quantity="memory", variable="L",

@@ -36,10 +36,9 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.intervals import parse_samples
-from attnbench.report.sections import Section
 from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
 
-__all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "section", "verdict"]
+__all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "verdict"]
 
 #: Without samples, fit time points only where t >= OVERHEAD_FACTOR x the smallest call ...
 OVERHEAD_FACTOR = 100
@@ -271,93 +270,3 @@ def fit_from_row(row) -> PowerFit | None:
     return PowerFit(slope=row["slope"], intercept=row["intercept"], stderr=row["stderr"],
                     ci95=row["ci95"], n=int(row["n_used"]), r2=row["r2"],
                     x_min=row["x_min"], x_max=row["x_max"], **extra)
-
-
-def section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
-            meta: dict | None = None) -> list[Section]:
-    """The report's scaling section: the rule, the verdicts and the plots.
-
-    Parameters
-    ----------
-    table : pandas.DataFrame
-        A sweep table (:func:`attnbench.sweep.runner.run_sweep`).
-    fits : pandas.DataFrame, optional
-        :func:`scaling_table` of it (computed if not given).
-    meta : dict, optional
-        The sweep's ``sweep.json``: its load averages are quoted, with a warning when
-        the machine was busy.
-    """
-    from attnbench.report import plots
-
-    fits = scaling_table(table) if fits is None else fits
-    text = (
-        "Time is fitted as t = c + a·x^p (c ≥ 0: the fixed overhead of a call, which bends "
-        "a plain log-log line by the fraction c/t), on the medians of every point, "
-        "minimising relative residuals. The 95% interval on p is a percentile bootstrap "
-        "over the repeated samples of every point (each point's samples resampled, the "
-        "medians and the fit recomputed), and the complexity class of least residual among "
-        "O(x), O(x log x), O(x²), O(x³) is given beside p with the share of resamples that "
-        "pick it. Quantity 'time' is the wall-clock time (the speed a user sees); 'cpu' is "
-        "the process's CPU time over all its threads (the work, which does not grow while "
-        "the process waits for a core). Sweeps without samples are fitted by least squares "
-        "on log-log axes (Student-t interval) over the points at least "
-        f"{OVERHEAD_FACTOR}× the backend's smallest call and {MIN_FIT_TIME_S * 1e3:g} ms. "
-        "Memory: the peak extra memory of one call minus the smallest call's (B = H = L = "
-        "d_k = 1: thread buffers and other fixed costs), where that is positive, by least "
-        "squares (tracemalloc is deterministic: no samples to resample). "
-        f"An exponent within ±{TOLERANCE} of the expected one counts as that power; a "
-        "verdict is decided from the whole interval: confirmed when it lies inside, not "
-        "confirmed when it lies outside, inconclusive when it straddles the boundary. "
-        "The fused numba kernel promises at most linear memory (O(L·d) working memory, no "
-        "L × L array): its memory verdict checks that upper bound (interval below "
-        f"1 + {TOLERANCE}); its fixed per-thread buffers make the measured slope smaller "
-        "than 1 at these sizes. The reference and the plain NumPy peer build the L × L "
-        "scores: their memory is checked against L². "
-        "FLOPs are counted, not measured (visible pairs × 2·(d_k + d_v)): their fit checks "
-        "the count (causal masks see L(L+1)/2 pairs, so their slope is a little under 2)."
-    )
-    text += _load_text(meta or {})
-    if fits.empty:
-        text += ("\n\nNo series of this sweep varies a parameter over "
-                 f"{MIN_POINTS} or more values, so nothing was fitted.")
-        return [Section(title="Scaling", text=text)]
-    lines = [f"{row.verdict}  [{_series_label(row)}]" for row in fits.itertuples()
-             if row.quantity != "flops"]
-    text += "\n\nVerdicts:\n" + "\n".join(lines)
-    shown = fits.drop(columns=["intercept", "stderr"], errors="ignore").copy()
-    figures = [("Time against L, log-log, with the fitted slopes and an L² guide",
-                plots.time_vs_length(table, fits))]
-    memory = plots.memory_vs_length(table, fits)
-    if memory is not None:
-        figures.append(("Memory that grows with L: the peak extra memory of one call minus "
-                        "the backend's smallest call's, log-log, with the fitted slopes", memory))
-    return [Section(title="Scaling", text=text, tables=[("Fits", shown)], figures=figures)]
-
-
-def _load_text(meta: dict) -> str:
-    """The machine's load during the sweep, and a warning if it was busy."""
-    start, end = meta.get("load_average_1m_start"), meta.get("load_average_1m_end")
-    cores = (meta.get("machine") or {}).get("usable_cores")
-    if start is None or not cores:
-        return ""
-    text = (f"\n\nLoad average (1 min) at the start of the sweep: {start:.2f}, at the end: "
-            f"{end:.2f}, on {cores} usable cores.")
-    if max(start, end) > 0.5 * cores:
-        text += (" The machine was busy: other processes pre-empt the timed threads, which "
-                 "inflates times and makes them jump in steps of the scheduler's time slice "
-                 "(see the IQR columns); fits can then come out inconclusive or off.")
-        if not meta.get("threads"):
-            text += (" On a shared machine, --threads 1 (attnbench run or sweep) gives "
-                     "steadier fits: a one-thread call never waits for a pre-empted worker.")
-    return text
-
-
-def _series_label(row) -> str:
-    fixed = []
-    for name in ("backend", "mask", "dtype", "L", "d_k", "heads", "kv_heads", "batch"):
-        value = getattr(row, name)
-        if name != row.variable and value != "" and not (name == "kv_heads"
-                                                         and row.variable == "heads"):
-            fixed.append(f"{name}={value}" if name not in ("backend", "mask", "dtype")
-                         else str(value))
-    return ", ".join(fixed)
