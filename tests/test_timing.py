@@ -178,3 +178,12 @@ def test_peak_counts_the_returned_value_and_restores_tracing():
 def test_unknown_memory_method():
     with pytest.raises(ValueError, match="method"):
         peak_extra_memory(lambda: None, method="valgrind")
+
+
+def test_ms_columns_are_the_summary_in_milliseconds():
+    timing = measure(lambda: sum(range(100)), warmup=1, repeat=5, min_repeat=5, min_time=1e-4)
+    columns = timing.ms_columns()
+    assert columns["median_ms"] == pytest.approx(timing.median * 1e3)
+    assert columns["iqr_ms"] == pytest.approx(timing.iqr * 1e3)
+    assert columns["q25_ms"] <= columns["median_ms"] <= columns["q75_ms"]
+    assert columns["runs"] == timing.runs and columns["calls"] == timing.calls

@@ -12,8 +12,9 @@ FLOOR = "gemm floor"
 #: Columns of the bench table, in order (then the machine columns).
 COLUMNS = (
     "section", "impl", "variant", "B", "H", "L", "D", "causal", "dtype", "threads", "status",
-    "median_ms", "q25_ms", "q75_ms", "iqr_ms", "runs", "number", "gflops", "pct_of_gemm_peak",
-    "vs_torch", "vs_numpy", "max_abs_err", "tolerance", "within_tolerance", "extra_mib",
+    "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "number", "calls", "gflops",
+    "pct_of_gemm_peak", "vs_torch", "vs_numpy", "max_abs_err", "tolerance", "within_tolerance",
+    "extra_mib",
     "rss_extra_mib", "load_1m",
 )
 #: Columns of the targets table.

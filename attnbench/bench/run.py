@@ -118,12 +118,6 @@ def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time
                               budget=REMEASURE_SECONDS, probe=default_probe())
 
 
-def _timing_columns(timing: Timing) -> dict:
-    return {"median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
-            "q75_ms": timing.q75 * 1e3, "iqr_ms": timing.iqr * 1e3, "runs": timing.runs,
-            "number": timing.number}
-
-
 # --- inputs, calls and errors ----------------------------------------------------------------
 
 
@@ -214,7 +208,7 @@ def _compare(section: str, config: BenchConfig, *, B: int, H: int, L: int, D: in
     for name, timing in timings.items():
         rate = gflops(flops, timing.median)
         err, tol = errors.get(name, (np.nan, np.nan))
-        rows[name] = _row(section, name, **shape, **_timing_columns(timing), gflops=rate,
+        rows[name] = _row(section, name, **shape, **timing.ms_columns(), gflops=rate,
                           pct_of_gemm_peak=100 * rate / peak, max_abs_err=err, tolerance=tol,
                           within_tolerance=bool(err <= tol) if name in errors else np.nan)
     for name in ("numba", FLOOR):
@@ -267,7 +261,7 @@ def _tiny(config: BenchConfig, threads: int) -> list[dict]:
             rows["torch"] = _row("tiny", "torch", status=status, **shape)
     timings = interleaved(calls, rounds=max(config.rounds, 7), min_time=config.min_time)
     for name, timing in timings.items():
-        rows[name] = _row("tiny", name, **shape, **_timing_columns(timing))
+        rows[name] = _row("tiny", name, **shape, **timing.ms_columns())
     if "torch" in timings:
         rows["numba"]["vs_torch"] = timings["numba"].median / timings["torch"].median
     return [rows[name] for name in ("numba", "torch") if name in rows]
@@ -286,7 +280,7 @@ def _padding(config: BenchConfig, threads: int, peaks: dict) -> list[dict]:
     for variant, timing in timings.items():
         key_lengths = lengths if variant != "no padding" else None
         rate = gflops(attention_flops(B, H, L, L, D, key_lengths=key_lengths), timing.median)
-        rows.append(_row("padding", "numba", variant=variant, **shape, **_timing_columns(timing),
+        rows.append(_row("padding", "numba", variant=variant, **shape, **timing.ms_columns(),
                          gflops=rate, pct_of_gemm_peak=100 * rate / peaks["float32"]))
     return rows
 
@@ -308,7 +302,7 @@ def _causal(config: BenchConfig, threads: int, peaks: dict) -> list[dict]:
         for causal, timing in timings.items():
             rate = gflops(attention_flops(B, H, L, L, D, causal=causal), timing.median)
             rows.append(_row("causal", "numba", B=B, H=H, L=L, D=D, causal=causal,
-                             dtype=np.float32, threads=threads, **_timing_columns(timing),
+                             dtype=np.float32, threads=threads, **timing.ms_columns(),
                              gflops=rate, pct_of_gemm_peak=100 * rate / peaks["float32"]))
     return rows
 
@@ -338,7 +332,7 @@ def _parallel(config: BenchConfig, threads: int, peaks: dict) -> list[dict]:
     for n, timing in timings.items():
         rate = gflops(flops, timing.median)
         rows.append(_row("parallel", "numba", variant=f"{n} thread{'s' * (n > 1)}", threads=n,
-                         **shape, **_timing_columns(timing), gflops=rate,
+                         **shape, **timing.ms_columns(), gflops=rate,
                          pct_of_gemm_peak=100 * rate / peaks["float32"]))
     return rows
 

@@ -157,6 +157,15 @@ class Timing:
             "probe_slowdown": self.probe_slowdown, "noisy": self.noisy,
         }
 
+    def ms_columns(self) -> dict:
+        """The summary as every table writes it, in milliseconds: median, quartiles, IQR,
+        minimum, and the counts (runs, calls per run, calls)."""
+        return {
+            "median_ms": self.median * 1e3, "q25_ms": self.q25 * 1e3,
+            "q75_ms": self.q75 * 1e3, "iqr_ms": self.iqr * 1e3, "min_ms": self.min * 1e3,
+            "runs": self.runs, "number": self.number, "calls": self.calls,
+        }
+
     def row_columns(self) -> dict:
         """Columns a sweep row adds beside ``median_ms``: interval, CPU time, samples, noise.
 

@@ -150,10 +150,9 @@ def _time(case: _Case, backend: str, max_time: float) -> dict:
     """Median time, IQR and GFLOP/s of the backend on ``case``."""
     timing = measure(lambda: case.call(backend), warmup=1, repeat=7, min_time=1e-3,
                      max_time=max_time, budget=max_time, probe=default_probe())
-    return {"median_ms": timing.median * 1e3, "iqr_ms": timing.iqr * 1e3,
-            "calls": timing.calls, "gflops": gflops(case.flops, timing.median),
-            "ci_low_ms": timing.ci95[0] * 1e3, "ci_high_ms": timing.ci95[1] * 1e3,
-            "samples_taken": timing.taken, "noisy": timing.noisy}
+    extras = timing.row_columns()
+    return {**timing.ms_columns(), "gflops": gflops(case.flops, timing.median),
+            **{name: extras[name] for name in TIMING_EXTRAS}}
 
 
 def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,

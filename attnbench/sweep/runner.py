@@ -303,9 +303,7 @@ class PointRunner:
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
         result = {
             "flops": flops,
-            "median_ms": timing.median * 1e3, "q25_ms": timing.q25 * 1e3,
-            "q75_ms": timing.q75 * 1e3, "iqr_ms": timing.iqr * 1e3, "min_ms": timing.min * 1e3,
-            "runs": timing.runs, "calls": timing.calls, "gflops": gflops(flops, timing.median),
+            **timing.ms_columns(), "gflops": gflops(flops, timing.median),
             **timing.row_columns(),
         }
         peak_gemm = self.gemm_peaks.get(point.dtype, np.nan)
@@ -328,10 +326,7 @@ class PointRunner:
         peak = gpu_device.device_peak_gflops(point.dtype)
         result = {
             "flops": flops,
-            "median_ms": timed.kernel.median * 1e3, "q25_ms": timed.kernel.q25 * 1e3,
-            "q75_ms": timed.kernel.q75 * 1e3, "iqr_ms": timed.kernel.iqr * 1e3,
-            "min_ms": timed.kernel.min * 1e3, "runs": timed.kernel.runs,
-            "calls": timed.kernel.calls, "gflops": gflops(flops, timed.kernel.median),
+            **timed.kernel.ms_columns(), "gflops": gflops(flops, timed.kernel.median),
             "gemm_peak_gflops": peak.gflops, "peak_source": peak.source,
             "threads": None, "call_overhead_ms": np.nan,
             "peak_mem_bytes": timed.device_bytes, "base_mem_bytes": np.nan,
