@@ -197,12 +197,12 @@ def _comparison(table) -> str:
     """cuda against torch-cuda per point, as text."""
     import pandas as pd
 
+    from attnbench.report.hosts import ratio_table
+
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return "(no point ran)"
-    wide = ok.pivot_table(index=["L", "mask", "dtype"], columns="backend", values="median_ms")
-    if {"cuda", "torch-cuda"} <= set(wide.columns):
-        wide["cuda / torch-cuda"] = wide["cuda"] / wide["torch-cuda"]
+    wide = ratio_table(ok, ["L", "mask", "dtype"], "backend", order=["torch-cuda", "cuda"])
     extra = ok.groupby(["L", "mask", "dtype"])[["h2d_ms", "d2h_ms"]].median()
     shown = pd.concat([wide, extra], axis=1).reset_index()
     return shown.to_string(index=False, float_format=lambda x: f"{x:.4g}")

@@ -122,3 +122,15 @@ def test_one_gpu_group_draws_the_peak_its_rows_carry():
     assert "float32 device peak 66908 GFLOP/s" in lines, lines
     assert "Peak of the device (see below): float32 66908.0 GFLOP/s" in sweep.text
     assert "numpy matmul" not in sweep.text
+
+
+def test_ratio_table_puts_medians_side_by_side_with_ratios_to_the_first():
+    ok = pd.DataFrame({"L": [8, 8, 8, 16, 16], "backend": ["a", "b", "b", "a", "b"],
+                       "median_ms": [2.0, 3.0, 5.0, 4.0, 2.0]})
+    wide = hosts.ratio_table(ok, ["L"], "backend", order=["a", "b"])
+    assert list(wide.columns) == ["a", "b", "b / a"]
+    assert wide.loc[8, "b"] == 4.0 and wide.loc[8, "b / a"] == 2.0  # median of 3 and 5
+    assert wide.loc[16, "b / a"] == 0.5
+    only_b = hosts.ratio_table(ok[ok["backend"] == "b"], ["L"], "backend", order=["a", "b"],
+                               min_columns=2)
+    assert only_b.empty

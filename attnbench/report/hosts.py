@@ -127,18 +127,44 @@ def hosts_section(table: pd.DataFrame) -> Section:
     return Section(title="Hosts and devices", anchor="hosts", text=text, tables=tables)
 
 
+def ratio_table(ok: pd.DataFrame, index: list, columns: str, order=None,
+                min_columns: int = 1) -> pd.DataFrame:
+    """Median times side by side and their ratios to the first column.
+
+    Parameters
+    ----------
+    ok : pandas.DataFrame
+        Rows that ran (``median_ms``).
+    index : list of str
+        What identifies a point (e.g. L, mask, dtype).
+    columns : str
+        What is compared (a backend, a host group): one column of medians each.
+    order : sequence, optional
+        The columns' order; the first is the baseline of the ratios ``"X / first"``.
+    min_columns : int, default 1
+        Keep only points measured in at least this many columns.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per point: ``index``, one median column per compared value, the ratios.
+    """
+    wide = ok.pivot_table(index=index, columns=columns, values="median_ms", aggfunc="median")
+    if order is not None:
+        wide = wide[[label for label in order if label in wide.columns]]
+    wide = wide.dropna(thresh=min_columns)
+    if len(wide.columns):
+        first = wide.columns[0]
+        for label in list(wide.columns[1:]):
+            wide[f"{label} / {first}"] = wide[label] / wide[first]
+    wide.columns.name = None
+    return wide
+
+
 def _comparison(table: pd.DataFrame) -> pd.DataFrame | None:
     ok = table[table["status"] == "ok"].assign(**{GROUP_COLUMN: group_labels(table)})
     if ok.empty:
         return None
-    wide = ok.pivot_table(index=POINT_COLUMNS, columns=GROUP_COLUMN, values="median_ms",
-                          aggfunc="median")
-    order = [label for label in dict.fromkeys(group_labels(table)) if label in wide.columns]
-    wide = wide[order].dropna(thresh=2)
-    if wide.empty:
-        return None
-    first = wide.columns[0]
-    for label in wide.columns[1:]:
-        wide[f"{label} / {first}"] = wide[label] / wide[first]
-    wide.columns.name = None
-    return wide.reset_index()
+    wide = ratio_table(ok, POINT_COLUMNS, GROUP_COLUMN, order=dict.fromkeys(group_labels(table)),
+                       min_columns=2)
+    return None if wide.empty else wide.reset_index()
