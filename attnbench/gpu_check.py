@@ -164,7 +164,8 @@ def _run_sweep(mode: str, out: Path, deadline: float) -> tuple[dict, object]:
     from attnbench.studies.scaling import scaling_table
     from attnbench.sweep.files import save_results
     from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal
-    from attnbench.sweep.runner import PointRunner, run_sweep
+    from attnbench.sweep.run import run_sweep
+    from attnbench.sweep.runner import PointRunner
 
     torch_usable, torch_why = gpu_device.backend_status("torch-cuda")
     points = sweep_points(mode, torch_cuda=torch_usable)

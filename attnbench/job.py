@@ -41,7 +41,7 @@ from attnbench.sweep.cluster import DaskExecutor
 from attnbench.sweep.files import save_results
 from attnbench.sweep.grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
 from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
-from attnbench.sweep.runner import points_summary, run_sweep, serial_executor
+from attnbench.sweep.run import points_summary, run_sweep, serial_executor
 from kernels import has_real_gpu
 
 __all__ = ["SECTION_PRODUCERS", "computed_sections", "run_command", "run_job", "sweep_command"]

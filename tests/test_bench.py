@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from attnbench.bench import config as bench_config
-from attnbench.bench import run as bench_run
+from attnbench.bench import sections as bench_sections
 from attnbench.cli import main
 from attnbench.measure import peers
 
@@ -70,8 +70,8 @@ def test_bench_writes_the_table_targets_and_files(smoke, capsys):
 def test_missing_peer_is_reported_not_dropped(monkeypatch):
     monkeypatch.setattr(peers, "peer_status", lambda name: (False, f"{name} is not installed"))
     config = bench_config.BenchConfig(rounds=1, error_rows=8)
-    rows = bench_run._compare("speed", config, B=1, H=1, L=16, D=8, causal=False,
-                          dtype=np.float32, threads=1, peaks={"float32": 1.0})
+    rows = bench_sections.compare_section("speed", config, B=1, H=1, L=16, D=8, causal=False,
+                                          dtype=np.float32, threads=1, peaks={"float32": 1.0})
     by_impl = {row["impl"]: row for row in rows}
     assert by_impl["numba"]["status"] == "ok"
     for peer in ("torch", "numpy"):

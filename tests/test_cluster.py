@@ -25,7 +25,8 @@ from attnbench.sweep.cluster import DaskExecutor, parse_cluster  # noqa: E402
 from attnbench.sweep.cluster_tasks import host_timing_lock  # noqa: E402
 from attnbench.sweep.grid import Grid, Point, expand  # noqa: E402
 from attnbench.sweep.journal import Journal, journaled, load_journal, point_key  # noqa: E402
-from attnbench.sweep.runner import PointRunner, run_sweep, serial_executor  # noqa: E402
+from attnbench.sweep.run import run_sweep, serial_executor  # noqa: E402
+from attnbench.sweep.runner import PointRunner  # noqa: E402
 
 PEAKS = {"float32": 100.0, "float64": 50.0}
 FAST = ["--max-time", "0.002", "--no-progress"]

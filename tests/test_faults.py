@@ -6,7 +6,8 @@ import numpy as np
 
 from attnbench.measure.timing import fault
 from attnbench.sweep.grid import Grid, expand
-from attnbench.sweep.runner import PointRunner, run_sweep
+from attnbench.sweep.run import run_sweep
+from attnbench.sweep.runner import PointRunner
 
 
 def test_fault_fires_only_above_the_limit():

@@ -128,7 +128,7 @@ def test_sections_survive_a_round_trip_to_disk(tmp_path):
 
 def test_report_is_rebuilt_from_a_sweep_folder(tmp_path):
     from attnbench.sweep.files import save_results
-    from attnbench.sweep.runner import SweepResult
+    from attnbench.sweep.run import SweepResult
 
     table = sweep_table()
     table["reason"] = ""

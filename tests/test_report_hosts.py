@@ -14,7 +14,7 @@ from attnbench.report import build as report
 from attnbench.report import hosts
 from attnbench.studies.scaling import scaling_table
 from attnbench.sweep.files import save_results
-from attnbench.sweep.runner import SweepResult
+from attnbench.sweep.run import SweepResult
 from tests.test_report import assert_self_contained, sweep_table
 
 GPU = "NVIDIA H200 (cc 9.0)"

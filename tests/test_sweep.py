@@ -10,7 +10,8 @@ from attnbench.measure.oracle import oracle_dtype
 from attnbench.sweep import files as sweep_files
 from attnbench.sweep.files import load_results, save_results
 from attnbench.sweep.grid import Grid, Point, expand
-from attnbench.sweep.runner import PointRunner, make_inputs, run_sweep, serial_executor
+from attnbench.sweep.run import run_sweep, serial_executor
+from attnbench.sweep.runner import PointRunner, make_inputs
 
 #: Quick settings: short timing budget, no pause between backends, GEMM peak not measured.
 QUICK = {"max_time": 0.002, "gemm_peaks": {"float32": 100.0, "float64": 50.0},

@@ -118,7 +118,7 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
     Parameters
     ----------
     table : pandas.DataFrame
-        A sweep table (:func:`attnbench.sweep.runner.run_sweep`).
+        A sweep table (:func:`attnbench.sweep.run.run_sweep`).
     fits : pandas.DataFrame, optional
         :func:`scaling_table` of it (computed if not given).
     meta : dict, optional

@@ -1,6 +1,6 @@
 """Sweeps on a Dask cluster: ``attnbench sweep --cluster local:N`` or ``--cluster tcp://HOST:PORT``.
 
-:class:`DaskExecutor` is an executor of :func:`attnbench.sweep.runner.run_sweep` (a function
+:class:`DaskExecutor` is an executor of :func:`attnbench.sweep.run.run_sweep` (a function
 ``executor(points, run_point)`` yielding rows) that hands the points to Dask
 distributed.  ``dask[distributed]`` is an optional dependency (``pip install
 'attnbench[cluster]'``), imported only when a cluster is asked for.

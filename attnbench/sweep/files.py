@@ -1,6 +1,6 @@
 """A sweep's files: ``sweep.csv``, ``sweep.parquet`` and ``sweep.json``, written and read back.
 
-:func:`save_results` writes what :func:`attnbench.sweep.runner.run_sweep` returns;
+:func:`save_results` writes what :func:`attnbench.sweep.run.run_sweep` returns;
 :func:`load_results` reads it back for ``attnbench report`` (the Parquet file where an
 engine is installed, since it keeps the dtypes; else the CSV, its text columns restored).
 """
@@ -16,7 +16,7 @@ import pandas as pd
 from attnbench.measure.machine import machine_record
 
 if TYPE_CHECKING:
-    from attnbench.sweep.runner import SweepResult
+    from attnbench.sweep.run import SweepResult
 
 __all__ = ["RESULTS_STEM", "load_results", "parquet_engine", "save_results"]
 

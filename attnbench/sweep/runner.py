@@ -1,16 +1,17 @@
-"""Sweeps: time, FLOP/s, peak memory and error of every point of a grid, as a tidy table.
+"""One point of a sweep: its time, FLOP/s, peak memory and error, as a row.
 
-:func:`run_sweep` turns a list of :class:`attnbench.sweep.grid.Point` into a pandas DataFrame
-with one row per point.  The work is split in two:
+:func:`attnbench.sweep.run.run_sweep` turns a list of :class:`attnbench.sweep.grid.Point`
+into a pandas DataFrame with one row per point.  The work is split in two:
 
-- :class:`PointRunner` measures one point and returns its row (a dict).  It never
+- :class:`PointRunner` (here) measures one point and returns its row (a dict).  It never
   raises for a point that fails: the row says ``status="failed"`` and why.  Points
   that cannot run here are ``status="skipped"`` with the reason: a backend that is
   not installed (torch) or has no GPU (cuda), a reference that would need more memory
   than the budget.
 - An *executor* maps the runner over the points: a function
   ``executor(points, run_point) -> iterator of rows`` that may yield rows in any
-  order.  :func:`serial_executor` runs them in this process, in order; a parallel
+  order.  :func:`attnbench.sweep.run.serial_executor` runs them in this process, in
+  order; a parallel
   executor (e.g. Dask) only has to honour the same signature.
 
 For each point the runner builds the inputs (seeded by the problem, so every backend
@@ -32,11 +33,8 @@ memory, the error and tolerance, status and reason, and the machine columns.
 from __future__ import annotations
 
 import functools
-import gc
-import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -47,18 +45,15 @@ from threadpoolctl import threadpool_limits
 import kernels
 from attnbench.measure import gpu_device, gpu_timing, peers, problems
 from attnbench.measure.flops import attention_flops, gflops
-from attnbench.measure.machine import gemm_peak_gflops, machine_columns
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
 from attnbench.measure.problems import (
     SETTLE_SECONDS,
     ProblemSpec,
-    limit_threads,
-    load_average,
 )
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
 from attnbench.sweep.grid import MASK_KINDS, Point
 
-__all__ = ["PointRunner", "SweepResult", "run_sweep", "serial_executor"]
+__all__ = ["COLUMNS", "ORACLE_LIMIT", "PointRunner", "make_inputs"]
 
 #: Bytes the reference (and the oracle) needs per score entry B·H·Lq·Lk, in float64:
 #: scores, the visibility mask, the masked scores, exp and the weights (measured with
@@ -85,14 +80,6 @@ COLUMNS = (
     "peak_mem_bytes", "base_mem_bytes", "memory_method", "max_abs_err", "tolerance",
     "within_tolerance", "oracle", "point_seconds", "device",
 )
-RunPoint = Callable[[Point], Row]
-Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
-
-
-def serial_executor(points: Sequence[Point], run_point: RunPoint) -> Iterator[Row]:
-    """Run the points one after the other in this process, yielding each row when done."""
-    for point in points:
-        yield run_point(point)
 
 
 def make_inputs(point: Point):
@@ -351,113 +338,3 @@ class PointRunner:
         error = max_abs_error(np.asarray(out).reshape(exact.shape), exact)
         return dict(max_abs_err=error, tolerance=tol, within_tolerance=error <= tol,
                     oracle=oracle_dtype(point.dtype).name)
-
-
-@dataclass
-class SweepResult:
-    """What :func:`run_sweep` returns."""
-
-    table: pd.DataFrame  # one row per finished point
-    interrupted: bool  # True if Ctrl-C stopped the sweep: the table has the finished rows
-    seconds: float  # wall-clock time of the sweep
-    gemm_peaks: dict  # dtype name -> GFLOP/s, measured at the start
-    n_points: int  # points asked for
-    load_average: tuple = (float("nan"), float("nan"))  # 1-min load at the start and end
-
-
-def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
-              oracle_limit: int = ORACLE_LIMIT, memory_budget: float | None = None,
-              gemm_peaks: dict | None = None, executor: Executor = serial_executor,
-              progress: bool = True, with_machine: bool = True,
-              runner: PointRunner | None = None, threads: int | None = None) -> SweepResult:
-    """Measure every point; Ctrl-C stops the sweep and keeps the finished rows.
-
-    Parameters
-    ----------
-    points : sequence of Point
-        Usually :func:`attnbench.sweep.grid.expand` of some grids.
-    max_time : float, default 0.2
-        Timing budget per point in seconds (:func:`attnbench.measure.timing.measure`).
-    oracle_limit : int, default ORACLE_LIMIT
-        Largest problem, in score entries B·H·L², whose error against the oracle is
-        computed (a quarter of it for float64); above it the row's ``oracle`` says skipped.
-    memory_budget : float, optional
-        Bytes a point may need beyond its inputs (the reference's L x L arrays); points
-        above are skipped with the estimate.  Default: half of the available memory.
-    gemm_peaks : dict, optional
-        dtype name -> GEMM GFLOP/s; measured now for the dtypes of the points if not given.
-    executor : callable, default serial_executor
-        ``executor(points, run_point)`` yielding one row per point.
-    progress : bool, default True
-        Show a tqdm progress bar with an ETA on stderr.
-    with_machine : bool, default True
-        Add the :func:`attnbench.measure.machine.machine_columns` to every row.
-    runner : PointRunner, optional
-        Use this runner (its settings win over the arguments above).
-    threads : int, optional
-        Run with at most this many threads (Numba, the BLAS and OpenMP pools, torch),
-        GEMM peak included; default: as configured.  One thread makes timings on a
-        shared machine far steadier: a parallel call waits for its slowest thread, so
-        one pre-empted worker costs the whole call a scheduler time slice.
-
-    Returns
-    -------
-    SweepResult
-    """
-    started = time.perf_counter()
-    load_start = load_average()
-    rows, interrupted = [], False
-    with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
-        if gemm_peaks is None:
-            gemm_peaks = {name: gemm_peak_gflops(np.dtype(name))
-                          for name in dict.fromkeys(point.dtype for point in points)}
-        if runner is None:
-            runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
-                                 memory_budget=memory_budget, gemm_peaks=gemm_peaks)
-        bar = _progress_bar(len(points), enabled=progress)
-        # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas
-        # and matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects
-        # are not walked, and nothing made before the sweep is garbage it must reclaim.
-        gc.freeze()
-        try:
-            for row in executor(points, runner):
-                rows.append(row)
-                bar.set_postfix_str(_postfix(row), refresh=False)
-                bar.update(1)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            gc.unfreeze()
-            bar.close()
-    table = pd.DataFrame(rows)
-    if not table.empty:
-        table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
-    if with_machine and not table.empty:
-        # Rows measured elsewhere (a Dask worker) bring their host's columns; keep them.
-        for column, value in machine_columns().items():
-            table[column] = table[column].fillna(value) if column in table else value
-    return SweepResult(table=table, interrupted=interrupted,
-                       seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
-                       n_points=len(points), load_average=(load_start, load_average()))
-
-
-def _postfix(row: Row) -> str:
-    label = f"{row['backend']} L={row['L']} {row['mask']}"
-    if row["status"] != "ok":
-        return f"{label}: {row['status']}"
-    return f"{label}: {row['median_ms']:.3g} ms"
-
-
-def _progress_bar(total: int, *, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="sweep", unit="point", file=sys.stderr, disable=not enabled,
-                dynamic_ncols=True)
-
-
-def points_summary(points: Iterable[Point]) -> str:
-    """``"52 points: numba 24, reference 10, ..."``."""
-    points = list(points)
-    counts = pd.Series([point.backend for point in points]).value_counts(sort=False)
-    return f"{len(points)} points: " + ", ".join(f"{name} {n}" for name, n in counts.items())
-
