@@ -79,7 +79,7 @@ def fit(slope, ci, n=5, **extra):
 # Decided from the whole interval: inside 2 ± TOLERANCE, outside it, or straddling it.
 VERDICTS = [
     (fit(1.98, 0.04), 2, "confirmed", "time ∝ L^1.98 [1.94, 2.02] (L 1–10) → O(L²) confirmed"),
-    (fit(2.0 + TOLERANCE + 0.05, 0.02), 2, "not confirmed", "the slope is above 2"),
+    (fit(2.0 + TOLERANCE + 0.05, 0.02), 2, "not confirmed", "the whole interval lies above 2"),
     (fit(1.45, 0.05), 2, "not confirmed", "closest power: O(L)"),
     (fit(2.0, 0.5), 2, "inconclusive", "straddles 1.75"),
     (fit(2.2, 0.1), 2, "inconclusive", "straddles 2.25"),  # a point inside is not enough
@@ -190,3 +190,11 @@ def test_memory_fits_leave_out_the_fixed_part_the_smallest_call_measures():
     raw = table[numba]
     bent = fit_power_law(raw["L"], raw["peak_mem_bytes"])  # the fixed part bends the line
     assert bent.slope < 0.9
+
+
+def test_a_verdict_never_names_the_claimed_power_as_the_closest_one():
+    """'O(L²) not confirmed ... (closest power: O(L²))' contradicts itself: a slope of
+    2.31 [2.30, 2.34] is not confirmed as O(L²), and the text says only where it lies."""
+    outcome, text = verdict(fit(2.31, 0.02), "time", "L", 2)
+    assert outcome == "not confirmed"
+    assert "the whole interval lies above 2 ± 0.25" in text and "closest power" not in text

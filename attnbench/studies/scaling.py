@@ -115,16 +115,18 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
         if high <= upper:
             return "confirmed", f"{head} → at most {claim} confirmed{tail}"
         if low > upper:
-            return "not confirmed", (f"{head} → at most {claim} not confirmed: grows faster "
-                                     f"({closest}){tail}")
+            nearest = f" ({closest})" if round(fit.slope) != expected else ""
+            return "not confirmed", (f"{head} → at most {claim} not confirmed: grows faster, "
+                                     f"the whole interval lies above {upper:g}{nearest}{tail}")
         return "inconclusive", (f"{head} → at most {claim} inconclusive: the interval "
                                 f"straddles {upper:g}{tail}")
     if lower <= low and high <= upper:
         return "confirmed", f"{head} → {claim} confirmed{tail}"
     if high < lower or low > upper:
         side = "below" if fit.slope < expected else "above"
-        return "not confirmed", (f"{head} → {claim} not confirmed: the slope is {side} "
-                                 f"{expected:g} ± {TOLERANCE:g} ({closest}){tail}")
+        nearest = f" ({closest})" if round(fit.slope) != expected else ""
+        return "not confirmed", (f"{head} → {claim} not confirmed: the whole interval lies "
+                                 f"{side} {expected:g} ± {TOLERANCE:g}{nearest}{tail}")
     edge = lower if low < lower else upper
     return "inconclusive", (f"{head} → {claim} inconclusive: the interval straddles "
                             f"{edge:g}{tail}")
