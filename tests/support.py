@@ -111,3 +111,21 @@ def run_ptx_script(body: str) -> dict:
     if "skip" in result:
         pytest.skip(f"the CUDA toolchain (NVVM) is missing: {result['skip']}")
     return result
+
+
+def ptx_of_kernels(module: str) -> dict:
+    """Compile every kernel of ``kernels.<module>`` (its ``compile_ptx_all(cc)``) for sm_80
+    and sm_90 in a process of its own; per ``"name@sm_XY"``: whether the PTX targets that
+    architecture, has an entry point, and its lines with a ``.f64`` instruction."""
+    return run_ptx_script(f"""
+from kernels import {module}
+result = {{}}
+for cc in [(8, 0), (9, 0)]:
+    for name, ptx in {module}.compile_ptx_all(cc).items():
+        result[f"{{name}}@sm_{{cc[0]}}{{cc[1]}}"] = {{
+            "target": f".target sm_{{cc[0]}}{{cc[1]}}" in ptx,
+            "entry": ".entry" in ptx,
+            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line],
+        }}
+print(json.dumps(result))
+""")

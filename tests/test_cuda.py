@@ -28,7 +28,7 @@ from .support import (  # noqa: E402
     Case,
     assert_matches_reference,
     make_inputs,
-    run_ptx_script,
+    ptx_of_kernels,
 )
 
 pytestmark = pytest.mark.cuda
@@ -298,22 +298,8 @@ def test_attention_device_rejects_bad_input(change, error, match):
 
 # --- PTX: the real compiler, without a GPU ------------------------------------------------
 
-_PTX_SCRIPT = """
-from kernels import cuda_backend
-result = {}
-for cc in [(8, 0), (9, 0)]:
-    for name, ptx in cuda_backend.compile_ptx_all(cc).items():
-        result[f"{name}@sm_{cc[0]}{cc[1]}"] = {
-            "target": f".target sm_{cc[0]}{cc[1]}" in ptx,
-            "entry": ".entry" in ptx,
-            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line],
-        }
-print(json.dumps(result))
-"""
-
-
 def test_ptx_float32_kernels_have_no_float64_instruction():
-    result = run_ptx_script(_PTX_SCRIPT)
+    result = ptx_of_kernels("cuda_backend")
     assert sorted(result) == sorted(
         f"attention_{dtype}@sm_{cc}" for dtype in ("float32", "float64") for cc in ("80", "90")
     )

@@ -25,7 +25,7 @@ from .support import (  # noqa: E402
     Case,
     make_inputs,
     max_error,
-    run_ptx_script,  # noqa: E402
+    ptx_of_kernels,  # noqa: E402
 )
 from .test_cuda import CASES  # noqa: E402
 
@@ -111,22 +111,8 @@ def test_partial_sum_dot_product_beats_one_running_sum():
     assert err_new.mean() < 0.7 * err_old.mean() and err_new.max() < err_old.max()
 
 
-_PTX_SCRIPT = """
-from kernels import cuda_backward
-result = {}
-for cc in [(8, 0), (9, 0)]:
-    for name, ptx in cuda_backward.compile_ptx_all(cc).items():
-        result[f"{name}@sm_{cc[0]}{cc[1]}"] = {
-            "target": f".target sm_{cc[0]}{cc[1]}" in ptx,
-            "entry": ".entry" in ptx,
-            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line],
-        }
-print(json.dumps(result))
-"""
-
-
 def test_ptx_float32_backward_kernels_have_no_float64_instruction():
-    result = run_ptx_script(_PTX_SCRIPT)
+    result = ptx_of_kernels("cuda_backward")
     assert sorted(result) == sorted(
         f"{kind}_{dtype}@sm_{cc}" for kind in ("dkdv", "dq") for dtype in ("float32", "float64")
         for cc in ("80", "90")
