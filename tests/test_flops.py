@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import kernels
 from attnbench.measure.flops import (
     attention_flops,
+    backward_flops,
     causal_offset,
     flops_of_problem,
     gflops,
@@ -132,8 +133,18 @@ def test_flops_of_problem_counts_what_kernels_see(kwargs):
     k = rng.standard_normal((2, 2, 5, 16))
     v = rng.standard_normal((2, 2, 5, 8))
     problem = kernels.prepare(q, k, v, **kwargs)
-    expected = int(problem.visible().sum()) * 2 * (16 + 8)  # kernels' own visibility
-    assert flops_of_problem(problem) == expected
+    pairs = int(problem.visible().sum())  # kernels' own visibility
+    assert flops_of_problem(problem) == pairs * 2 * (16 + 8)
+    # backward: S recomputed, dQ, dK (D each); dV, dP (Dv each)
+    assert flops_of_problem(problem, "backward") == pairs * 2 * (3 * 16 + 2 * 8)
+
+
+def test_backward_flops_are_two_and_a_half_forwards_and_directions_are_checked():
+    assert backward_flops(2, 3, 17, 9, 64, causal=True) * 2 == \
+        attention_flops(2, 3, 17, 9, 64, causal=True) * 5
+    problem = kernels.prepare(*(np.zeros((1, 1, 3, 4)),) * 3)
+    with pytest.raises(ValueError, match="direction"):
+        flops_of_problem(problem, "sideways")
 
 
 def test_causal_offset():

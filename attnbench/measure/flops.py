@@ -1,4 +1,4 @@
-"""Floating-point operations of one attention forward pass, counting only visible pairs.
+"""Floating-point operations of one attention forward or backward pass, counting only visible pairs.
 
 Convention (as FlashAttention's benchmarks): a visible (query i, key j) pair costs
 ``2·D`` FLOPs for its score ``q_i · k_j`` (QKᵀ) and ``2·Dv`` for adding ``p_ij · v_j``
@@ -12,6 +12,9 @@ exact: causal with Lq = Lk gives ``L(L+1)/2`` visible pairs per head, not ``L²/
 (the convention of halving differs by the factor ``(L+1)/L``).  Dropout does not
 change the count: dropped weights are computed before they are dropped.  K/V heads
 (GQA) do not change it either: every query head does its own work.
+
+The backward (:func:`backward_flops`) does five such products per visible pair:
+``2·(3·D + 2·Dv)`` FLOPs, 2.5× the forward's when ``Dv = D``.
 
 Causal masks and key lengths are counted in closed form (no L x L array is built),
 so the count is cheap for any L; a given ``mask`` is counted element by element.
@@ -27,6 +30,7 @@ import kernels
 
 __all__ = [
     "attention_flops",
+    "backward_flops",
     "causal_offset",
     "flops_of_problem",
     "gflops",
@@ -182,21 +186,54 @@ def attention_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = N
     return 2 * pairs * (D + Dv)
 
 
-def flops_of_problem(problem) -> int:
+def backward_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = None,
+                   causal=False, *, key_lengths=None, mask=None) -> int:
+    """FLOPs of one attention backward: ``2·(3·D + 2·Dv)`` per visible (query, key) pair.
+
+    The five matrix products of a fused (FlashAttention-2 style) backward: S = QKᵀ
+    recomputed (``D``), dV = PᵀdO (``Dv``), dP = dO·Vᵀ (``Dv``), dQ = dS·K (``D``) and
+    dK = dSᵀQ (``D``).  With ``D == Dv`` that is 2.5× :func:`attention_flops`.  The
+    element-wise softmax gradient is not counted (as the forward does not count exp).
+
+    Parameters
+    ----------
+    B, H, Lq, Lk, D, Dv, causal, key_lengths, mask
+        As in :func:`attention_flops`.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> backward_flops(1, 1, 4, 4, 8) * 2 == attention_flops(1, 1, 4, 4, 8) * 5
+    True
+    """
+    Dv = D if Dv is None else Dv
+    pairs = visible_pairs(B, H, Lq, Lk, causal=causal, key_lengths=key_lengths, mask=mask)
+    return 2 * pairs * (3 * D + 2 * Dv)
+
+
+def flops_of_problem(problem, direction: str = "forward") -> int:
     """FLOPs of a validated :class:`kernels.AttentionProblem` (its masks included).
 
     Parameters
     ----------
     problem : kernels.AttentionProblem
+    direction : {"forward", "backward"}, default "forward"
+        :func:`attention_flops` or :func:`backward_flops`.
 
     Returns
     -------
     int
     """
+    count = {"forward": attention_flops, "backward": backward_flops}.get(direction)
+    if count is None:
+        raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
     B, H, _, Lq, Lk, D, Dv = problem.shape
     mask = problem.visibility_mask()  # (Bm, Hm, Lqm, Lkm) or None
-    return attention_flops(B, H, Lq, Lk, D, Dv, causal=problem.causal_offset,
-                           key_lengths=problem.key_lengths, mask=mask)
+    return count(B, H, Lq, Lk, D, Dv, causal=problem.causal_offset,
+                 key_lengths=problem.key_lengths, mask=mask)
 
 
 def gflops(flops: float, seconds: float) -> float:
