@@ -1,0 +1,126 @@
+"""The micro-kernel path (kernels/_microkernel.py) against the reference.
+
+Small tiles (8 query rows per task, keys in tiles of one or two panels) make tiny problems
+cross every boundary: row tails of the register block (Lq not a multiple of ``mr``), key
+tails of a panel (Lk, key lengths and the causal cut not multiples of ``nr``), value
+widths that are not a multiple of ``nr`` (padded lanes), GQA, both causal alignments,
+rows that see no key, and non-finite keys and values where they are hidden.  Each dtype
+compiles its default register block and float32 one other (another ``nr``).
+"""
+
+import numpy as np
+import pytest
+
+from attnbench.measure.oracle import tolerance
+from kernels import _microkernel as mk
+
+from .support import COMPARISONS, max_error, oracle
+
+CONFIGS = [(np.float32, mk.CONFIGS[np.dtype(np.float32)][0]),
+           (np.float32, (8, 16)),
+           (np.float64, mk.CONFIGS[np.dtype(np.float64)][0])]
+
+
+def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, Lq, D)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, Lk, D)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, Lk, Dv)).astype(dtype)
+    return q, k, v
+
+
+def _check(q, k, v, config, block_q=8, block_k=None, **kwargs):
+    """The micro-kernel's output against the oracle, within the differential tolerance."""
+    (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
+    got = mk.attention(q, k, v, config=config, block_q=block_q,
+                       block_k=block_k or config[1], **kwargs)
+    assert got.dtype == q.dtype and got.shape == exact.shape
+    err = max_error(got, exact)
+    tol = tolerance(exact, plain, q.dtype)
+    assert err <= tol, f"micro-kernel {config}: error {err:.3g} > tolerance {tol:.3g}"
+    COMPARISONS.append(("microkernel", np.dtype(q.dtype).name, err, tol))
+    return got
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("Lq, Lk, D, Dv", [(1, 1, 1, 1), (13, 37, 5, 7), (40, 70, 8, 33)])
+def test_odd_sizes(dtype, config, Lq, Lk, D, Dv):
+    q, k, v = _inputs(dtype, 2, 4, 2, Lq, Lk, D, Dv)  # GQA: two query heads per key head
+    _check(q, k, v, config)
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("causal", [True, "bottom-right"])
+@pytest.mark.parametrize("Lq, Lk", [(37, 37), (21, 50), (50, 21)])
+def test_causal(dtype, config, causal, Lq, Lk):
+    q, k, v = _inputs(dtype, 1, 2, 1, Lq, Lk, 6, 5)
+    _check(q, k, v, config, causal=causal)
+    _check(q, k, v, config, block_k=2 * config[1], causal=causal)  # a tile of two panels
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_lengths(dtype, config, causal):
+    """Lengths on, before and after panel boundaries, and 0: that batch's rows give 0."""
+    nr = config[1]
+    lengths = [0, 1, nr - 1, nr, nr + 1, 2 * nr + 3]
+    q, k, v = _inputs(dtype, len(lengths), 1, 1, 19, 2 * nr + 3, 4, 3)
+    got = _check(q, k, v, config, causal=causal, key_lengths=lengths)
+    assert np.all(got[0] == 0)
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_hidden_non_finite(dtype, config, bad):
+    """NaN/inf in padded keys and values, and in values the causal mask hides, stay hidden."""
+    nr = config[1]
+    q, k, v = _inputs(dtype, 1, 1, 1, nr + 5, nr + 5, 4, 3)
+    k[0, 0, nr + 2:] = bad  # past the key length
+    v[0, 0, nr + 2:] = bad
+    _check(q, k, v, config, key_lengths=nr + 2)
+    v[0, 0, 3] = bad  # seen only by rows >= 3 (causal): the diagonal tile's fallback
+    got = mk.attention(q, k, v, config=config, block_q=8, block_k=nr, causal=True,
+                       key_lengths=nr + 2)
+    assert np.all(np.isfinite(got[0, 0, :3])) and np.all(~np.isfinite(got[0, 0, 3:nr + 2]))
+    v[0, 0, 3] = 0
+    _check(q, k, v, config, causal=True, key_lengths=nr + 2)
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS[::2])
+def test_visible_nan_makes_its_row_nan(dtype, config):
+    q, k, v = _inputs(dtype, 1, 1, 1, 9, 9, 4, 3)
+    q[0, 0, 4, 1] = np.nan
+    got = mk.attention(q, k, v, config=config, block_q=8)
+    assert np.isnan(got[0, 0, 4]).all()
+    assert np.isfinite(np.delete(got[0, 0], 4, axis=0)).all()
+
+
+def test_tile_product_is_a_register_block():
+    """The micro-kernel alone: c (+)= a · b on offsets and strides, float64 exact enough."""
+    import numba
+
+    mr, nr, depth = 3, 8, 5
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal(4 + 2 * 7 + depth + 1), rng.standard_normal(2 + depth * 9 + nr)
+    c = rng.standard_normal(1 + 2 * 10 + nr + 3)
+    set_, add = mk.tile_product(mr, nr, False), mk.tile_product(mr, nr, True)
+
+    @numba.njit
+    def run(a, b, c, accumulate):
+        if accumulate:
+            add(a, 4, 7, b, 2, 9, c, 1, 10, depth)
+        else:
+            set_(a, 4, 7, b, 2, 9, c, 1, 10, depth)
+
+    A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (56, 8))
+    B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (72, 8))
+    before = c.copy()
+    run(a, b, c, True)
+    C = np.lib.stride_tricks.as_strided(c[1:], (mr, nr), (80, 8))
+    np.testing.assert_allclose(C, before[1:1 + 2 * 10 + nr].reshape(-1)[
+        np.arange(mr)[:, None] * 10 + np.arange(nr)] + A @ B, rtol=1e-13)
+    untouched = np.ones(c.size, bool)
+    untouched[1 + np.arange(mr)[:, None] * 10 + np.arange(nr)] = False
+    assert np.array_equal(c[untouched], before[untouched])
+    run(a, b, c, False)
+    np.testing.assert_allclose(C, A @ B, rtol=1e-13)
