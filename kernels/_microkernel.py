@@ -33,6 +33,7 @@ value never reaches an output.
 from __future__ import annotations
 
 import functools
+import time
 
 import numba
 import numpy as np
@@ -43,7 +44,7 @@ from numba.extending import intrinsic
 
 from .numba_cpu import _FASTMATH, _from_max_key, _max_key, fast_exp
 
-__all__ = ["CONFIGS", "attention", "build_kernel", "tile_product"]
+__all__ = ["CONFIGS", "attention", "build_kernel", "plan", "tile_product"]
 
 #: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators).
 CONFIGS = {
@@ -284,3 +285,30 @@ def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=Non
                                  problem.causal_offset is not None, problem.causal_offset or 0,
                                  dtype(problem.scale), out, block_q, -(-block_k // nr) * nr)
     return problem.restore(out)
+
+
+_PLANS: dict = {}
+
+
+def plan(dtype, *, shape=(1, 4, 512, 64), repeat: int = 5) -> tuple[int, int]:
+    """The fastest register block of :data:`CONFIGS` for ``dtype`` here: timed once, cached.
+
+    Like FFTW's planner: at the first call per dtype every candidate is compiled and timed
+    (best of ``repeat`` wall times, after one warm-up call) on random inputs of
+    ``shape`` (B, H, L, D); later calls return the cached choice.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _PLANS:
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+        best = {}
+        for config in CONFIGS[dtype]:
+            attention(q, k, v, config=config)
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                attention(q, k, v, config=config)
+                times.append(time.perf_counter() - start)
+            best[config] = min(times)
+        _PLANS[dtype] = min(best, key=best.get)
+    return _PLANS[dtype]
