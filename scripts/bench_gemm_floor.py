@@ -12,9 +12,10 @@ each function once, in a rotating order, warm-up and calibration excluded), per 
 
 For B=1, H=12, D=64 (default), L in {1024, 2048, 4096}, causal and not, float32 and
 float64, 1 and 2 threads.  Each point prints medians with their 95% intervals and the
-ratios of medians with bootstrap intervals; ``--json`` writes every sample, the machine
-record (CPU model, BLAS by threadpoolctl), Numba's target CPU name and features and the
-planner's choices.  The micro-kernel's output is checked against the numba backend's at
+ratios of medians with bootstrap intervals (for 1 thread also the ratios of the calling
+thread's CPU time, ``... cpu``: the work, unaffected by other processes); ``--json``
+writes every sample, the machine record (CPU model, BLAS by threadpoolctl), Numba's target
+CPU name and features and the planner's choices.  The micro-kernel's output is checked against the numba backend's at
 every point (max abs difference, printed).
 
 Usage::
@@ -93,10 +94,16 @@ def measure_point(L, causal, dtype, threads, args, config) -> dict:
         low, high = t.ci95
         row[name] = {"median_ms": t.median * 1e3, "ci_ms": [low * 1e3, high * 1e3],
                      "runs": t.runs, "number": t.number,
-                     "samples_ms": [s * 1e3 for s in t.samples]}
+                     "samples_ms": [s * 1e3 for s in t.samples],
+                     "thread_cpu_ms": [s * 1e3 for s in t.thread_samples],
+                     "process_cpu_ms": [s * 1e3 for s in t.cpu_samples]}
     for label, top, bottom in RATIOS:
         if top in timings and bottom in timings:
             row[label] = list(ratio_interval(timings[top].samples, timings[bottom].samples))
+            if threads == 1:  # all the work is on the calling thread: its CPU time is the
+                # work, whatever else the machine runs (robust on a loaded machine)
+                row[label + " cpu"] = list(ratio_interval(timings[top].thread_samples,
+                                                          timings[bottom].thread_samples))
     return row
 
 
@@ -112,7 +119,8 @@ def _cell(row, name) -> str:
 
 def table(rows: list[dict]) -> str:
     """The points as a Markdown table: medians (ms) and ratios, each with its 95% interval."""
-    names = ["numba", "micro", "floor", "torch"] + [label for label, _, _ in RATIOS]
+    names = (["numba", "micro", "floor", "torch"] + [label for label, _, _ in RATIOS]
+             + [label + " cpu" for label, _, _ in RATIOS])
     head = ["dtype", "thr", "L", "causal"] + [f"{n} ms" if "/" not in n else n for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
