@@ -13,10 +13,10 @@ each function once, in a rotating order, warm-up and calibration excluded), per 
 For B=1, H=12, D=64 (default), L in {1024, 2048, 4096}, causal and not, float32 and
 float64, 1 and 2 threads.  Each point prints medians with their 95% intervals and the
 ratios of medians with bootstrap intervals (for 1 thread also the ratios of the calling
-thread's CPU time, ``... cpu``: the work, unaffected by other processes); ``--json``
-writes every sample, the machine record (CPU model, BLAS by threadpoolctl), Numba's target
-CPU name and features and the planner's choices.  The micro-kernel's output is checked against the numba backend's at
-every point (max abs difference, printed).
+thread's CPU time, ``... cpu``: the work, unaffected by other processes).  ``--json``
+writes every sample, the machine record (CPU model, BLAS by threadpoolctl), Numba's
+target CPU name and features and the planner's choices.  The micro-kernel's output is
+checked against the numba backend's at every point (max abs difference, in the JSON).
 
 Usage::
 
