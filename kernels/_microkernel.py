@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import time
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -44,7 +43,7 @@ from numba.extending import intrinsic
 
 from .numba_cpu import _FASTMATH, _from_max_key, _max_key, fast_exp
 
-__all__ = ["CONFIGS", "attention", "build_kernel", "plan", "tile_product"]
+__all__ = ["CONFIGS", "attention", "build_kernel", "choice", "plan", "run", "tile_product"]
 
 #: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators).
 CONFIGS = {
@@ -124,8 +123,10 @@ def tile_product(mr: int, nr: int, accumulate: bool):
 def build_kernel(mr: int, nr: int):
     """The parallel forward kernel for ``mr`` x ``nr`` register blocks (compiled at first call).
 
-    Returns ``kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, block_q,
-    block_k)``, which writes ``out`` (B, H, Lq, Dv); ``block_k`` must be a multiple of ``nr``.
+    Returns ``kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_q,
+    block_k)``, which writes ``out`` (B, H, Lq, Dv) and ``lse`` (B, H, Lq), the log-sum-exp
+    of each row's visible scores as the numba backend's ``return_lse`` gives it;
+    ``block_k`` must be a multiple of ``nr``.
     """
     scores = tile_product(mr, nr, False)
     values = tile_product(mr, nr, True)
@@ -151,8 +152,8 @@ def build_kernel(mr: int, nr: int):
                     vp_bh[j, d] = v[b, hk, j, d]
 
     @njit(fastmath=_FASTMATH, error_model="numpy")
-    def attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, b, h, hk, i0, i1,
-               block_k):
+    def attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, hk, i0,
+               i1, block_k):
         """Rows [i0, i1) of (b, h) against packed keys and values (the online softmax)."""
         D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[3]
         n = i1 - i0
@@ -233,9 +234,11 @@ def build_kernel(mr: int, nr: int):
             inv = one / row_sum[r] if row_sum[r] > zero else zero
             for d in range(Dv):
                 out[b, h, i0 + r, d] = zero / zero if row_nan[r] else acc[r * Dv_pad + d] * inv
+            lse[b, h, i0 + r] = (zero / zero if row_nan[r] else
+                                 row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf)
 
     @njit(parallel=True)
-    def kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, block_q, block_k):
+    def kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_q, block_k):
         B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
         Hkv, Lk, D, Dv = k.shape[1], k.shape[2], k.shape[3], v.shape[3]
         kp = np.empty((B, Hkv, -(-Lk // nr), D, nr), dtype=q.dtype)
@@ -246,10 +249,35 @@ def build_kernel(mr: int, nr: int):
             bh, block = task // n_blocks, task % n_blocks
             b, h = bh // H, bh % H
             i0 = block * block_q
-            attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, b, h,
+            attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
                    h // (H // Hkv), i0, min(i0 + block_q, Lq), block_k)
 
     return kernel
+
+
+def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """``(out, lse)`` of a validated problem (no mask, dropout, weights or mods).
+
+    The entry point a backend would call, as ``kernels.numba_cpu.run(problem,
+    return_lse=True)`` returns its ``out`` and ``lse``: out (B, H, Lq, Dv), lse (B, H, Lq).
+    """
+    if (problem.mask is not None or problem.dropout_p or problem.return_weights
+            or problem.score_mod is not None or problem.mask_mod is not None):
+        raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
+    mr, nr = config
+    B, H, _, Lq, _, _, Dv = problem.shape
+    dtype = problem.dtype.type
+    out = np.empty((B, H, Lq, Dv), dtype=dtype)
+    lse = np.empty((B, H, Lq), dtype=dtype)
+    if out.size:
+        from .numba_cpu import launch_guard
+
+        with launch_guard():
+            build_kernel(mr, nr)(problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
+                                 problem.causal_offset is not None, problem.causal_offset or 0,
+                                 dtype(problem.scale), out, lse, block_q,
+                                 -(-block_k // nr) * nr)
+    return out, lse
 
 
 def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=None,
@@ -273,21 +301,26 @@ def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=Non
     import kernels
 
     problem = kernels.prepare(q, k, v, causal=causal, key_lengths=key_lengths, scale=scale)
-    mr, nr = config or CONFIGS[problem.dtype][0]
-    B, H, _, Lq, _, _, Dv = problem.shape
-    dtype = problem.dtype.type
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    if out.size:
-        from .numba_cpu import launch_guard
-
-        with launch_guard():
-            build_kernel(mr, nr)(problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
-                                 problem.causal_offset is not None, problem.causal_offset or 0,
-                                 dtype(problem.scale), out, block_q, -(-block_k // nr) * nr)
-    return problem.restore(out)
+    config = config or CONFIGS[problem.dtype][0]
+    return problem.restore(run(problem, config, block_q=block_q, block_k=block_k)[0])
 
 
 _PLANS: dict = {}
+
+
+def _best_time(fn, repeat: int) -> float:
+    fn()  # warm-up: compiles
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _plan_inputs(dtype, shape):
+    rng = np.random.default_rng(0)
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(3))
 
 
 def plan(dtype, *, shape=(1, 4, 512, 64), repeat: int = 5) -> tuple[int, int]:
@@ -299,16 +332,31 @@ def plan(dtype, *, shape=(1, 4, 512, 64), repeat: int = 5) -> tuple[int, int]:
     """
     dtype = np.dtype(dtype)
     if dtype not in _PLANS:
-        rng = np.random.default_rng(0)
-        q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
-        best = {}
-        for config in CONFIGS[dtype]:
-            attention(q, k, v, config=config)
-            times = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                attention(q, k, v, config=config)
-                times.append(time.perf_counter() - start)
-            best[config] = min(times)
+        q, k, v = _plan_inputs(dtype, shape)
+        best = {config: _best_time(lambda c=config: attention(q, k, v, config=c), repeat)
+                for config in CONFIGS[dtype]}
         _PLANS[dtype] = min(best, key=best.get)
     return _PLANS[dtype]
+
+
+_CHOICES: dict = {}
+
+
+def choice(dtype, *, shape=(1, 4, 512, 64), repeat: int = 5) -> tuple[int, int] | None:
+    """The planned register block if it beats the BLAS tile kernel here, else None; cached.
+
+    What a backend would consult at first use per machine and dtype (and record in the
+    machine record): the micro-kernel path at :func:`plan`'s block against
+    :func:`kernels.numba_cpu.run`, both timed as :func:`plan` times.
+    """
+    import kernels
+    from kernels import numba_cpu
+
+    dtype = np.dtype(dtype)
+    if dtype not in _CHOICES:
+        config = plan(dtype, shape=shape, repeat=repeat)
+        problem = kernels.prepare(*_plan_inputs(dtype, shape))
+        micro = _best_time(lambda: run(problem, config), repeat)
+        blas = _best_time(lambda: numba_cpu.run(problem, parallel=True), repeat)
+        _CHOICES[dtype] = config if micro < blas else None
+    return _CHOICES[dtype]

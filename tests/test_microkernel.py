@@ -124,3 +124,49 @@ def test_tile_product_is_a_register_block():
     assert np.array_equal(c[untouched], before[untouched])
     run(a, b, c, False)
     np.testing.assert_allclose(C, A @ B, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype, config", CONFIGS[::2])
+def test_lse_as_the_numba_backend(dtype, config):
+    """``run`` gives the log-sum-exp the numba backend's return_lse gives (-inf: no key)."""
+    import kernels
+    from kernels import numba_cpu
+
+    q, k, v = _inputs(dtype, 2, 2, 2, 21, 45, 4, 3)
+    problem = kernels.prepare(q, k, v, causal="bottom-right", key_lengths=[0, 40])
+    out, lse = mk.run(problem, config, block_q=8, block_k=config[1])
+    ref_out, _, ref_lse = numba_cpu.run(problem, return_lse=True)
+    assert np.all(lse[0] == -np.inf) and np.all(out[0] == 0)
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(lse[1], ref_lse[1], rtol=0, atol=64 * eps * np.abs(ref_lse[1]).max())
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=64 * eps)
+
+
+def test_rejects_what_it_does_not_support():
+    import kernels
+
+    q, k, v = _inputs(np.float32, 1, 1, 1, 4, 4, 2, 2)
+    problem = kernels.prepare(q, k, v, mask=np.ones((4, 4), bool))
+    with pytest.raises(ValueError, match="causal, key_lengths and scale only"):
+        mk.run(problem, (4, 32))
+
+
+def test_planner_picks_the_fastest_and_caches(monkeypatch):
+    """plan() keeps the fastest block, choice() the micro path only where it beats the BLAS."""
+    fake = {"order": []}  # seconds each timed candidate takes, in the order timed
+
+    def best_time(fn, repeat):
+        return fake["order"].pop(0)
+
+    monkeypatch.setattr(mk, "_best_time", best_time)
+    monkeypatch.setattr(mk, "CONFIGS", {np.dtype(np.float32): ((4, 32), (8, 16), (4, 16))})
+    monkeypatch.setattr(mk, "_PLANS", {})
+    monkeypatch.setattr(mk, "_CHOICES", {})
+    fake["order"] = [3.0, 1.0, 2.0]
+    assert mk.plan(np.float32) == (8, 16)
+    assert mk.plan("float32") == (8, 16) and fake["order"] == []  # cached: nothing timed
+    fake["order"] = [1.0, 2.0]  # micro path, then the BLAS kernel
+    assert mk.choice(np.float32) == (8, 16)
+    mk._CHOICES.clear()
+    fake["order"] = [2.0, 1.0]
+    assert mk.choice(np.float32) is None
