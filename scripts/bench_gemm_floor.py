@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per point")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved rounds per point (6 or more: an interval needs 6 samples)")
     parser.add_argument("--min-time", type=float, default=0.05,
                         help="seconds a timed batch lasts at least (calibration)")
     parser.add_argument("--json", help="write every sample and the machine record here")
@@ -162,11 +163,11 @@ def main(argv=None) -> int:
                     rows.append(measure_point(L, is_causal, np.dtype(dtype), threads, args,
                                               plans[dtype]))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
+                    if args.json:  # after every point: a stopped run keeps what it measured
+                        with open(args.json, "w") as f:
+                            json.dump({"info": info, "rows": rows}, f, indent=1)
     print()
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
     return 0
 
 
