@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=7,
-                        help="interleaved rounds per point (6 or more: an interval needs 6 samples)")
+                        help="interleaved rounds per point (an interval needs 6 or more)")
     parser.add_argument("--min-time", type=float, default=0.05,
                         help="seconds a timed batch lasts at least (calibration)")
     parser.add_argument("--json", help="write every sample and the machine record here")
