@@ -141,6 +141,8 @@ def main(argv=None) -> int:
                         help="interleaved rounds per point (an interval needs 6 or more)")
     parser.add_argument("--min-time", type=float, default=0.05,
                         help="seconds a timed batch lasts at least (calibration)")
+    parser.add_argument("--config", nargs="*", default=[], metavar="DTYPE:MRxNR",
+                        help="register block to use instead of planning, e.g. float32:8x16")
     parser.add_argument("--json", help="write every sample and the machine record here")
     args = parser.parse_args(argv)
     causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
@@ -152,7 +154,9 @@ def main(argv=None) -> int:
     target = info["numba_target"]
     print(f"Numba CPU  {target['NUMBA_CPU_NAME'] or target['llvm_host_cpu']} "
           f"(features: {target['NUMBA_CPU_FEATURES'] or 'host'})", flush=True)
-    plans = {name: _microkernel.plan(name) for name in args.dtypes}
+    given = dict(item.split(":") for item in args.config)
+    plans = {name: tuple(int(n) for n in given[name].split("x")) if name in given
+             else _microkernel.plan(name) for name in args.dtypes}
     info["plans"] = {name: list(config) for name, config in plans.items()}
     print(f"Planner    {info['plans']}", flush=True)
     rows = []
