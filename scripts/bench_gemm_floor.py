@@ -21,7 +21,8 @@ checked against the numba backend's at every point (max abs difference, in the J
 Usage::
 
     .venv/bin/python scripts/bench_gemm_floor.py --json gemm-floor.json
-    .venv/bin/python scripts/bench_gemm_floor.py --lengths 1024 --threads 1 --rounds 5
+    .venv/bin/python scripts/bench_gemm_floor.py --lengths 1024 --threads 1 --rounds 6
+    .venv/bin/python scripts/bench_gemm_floor.py --from-json a.json b.json   # one table
 """
 
 from __future__ import annotations
@@ -121,10 +122,12 @@ def table(rows: list[dict]) -> str:
     """The points as a Markdown table: medians (ms) and ratios, each with its 95% interval."""
     names = (["numba", "micro", "floor", "torch"] + [label for label, _, _ in RATIOS]
              + [label + " cpu" for label, _, _ in RATIOS])
-    head = ["dtype", "thr", "L", "causal"] + [f"{n} ms" if "/" not in n else n for n in names]
+    head = (["dtype", "block", "thr", "L", "causal"]
+            + [f"{n} ms" if "/" not in n else n for n in names])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["dtype"], str(row["threads"]), str(row["L"]), "yes" if row["causal"] else "no"]
+        cells = [row["dtype"], "x".join(map(str, row["micro_config"])), str(row["threads"]),
+                 str(row["L"]), "yes" if row["causal"] else "no"]
         lines.append("| " + " | ".join(cells + [_cell(row, n) for n in names]) + " |")
     return "\n".join(lines)
 
@@ -144,7 +147,16 @@ def main(argv=None) -> int:
     parser.add_argument("--config", nargs="*", default=[], metavar="DTYPE:MRxNR",
                         help="register block to use instead of planning, e.g. float32:8x16")
     parser.add_argument("--json", help="write every sample and the machine record here")
+    parser.add_argument("--from-json", nargs="+", metavar="FILE",
+                        help="print the table of earlier --json files (in order) and exit")
     args = parser.parse_args(argv)
+    if args.from_json:
+        rows = []
+        for path in args.from_json:
+            with open(path) as f:
+                rows += json.load(f)["rows"]
+        print(table(rows))
+        return 0
     causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     record = machine.machine_record()
     info = {"machine": record, "numba_target": numba_target(),
