@@ -45,9 +45,10 @@ from .numba_cpu import _FASTMATH, _from_max_key, _max_key, fast_exp
 
 __all__ = ["CONFIGS", "attention", "build_kernel", "choice", "plan", "run", "tile_product"]
 
-#: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators).
+#: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators); the
+#: first is the default (the planner's choice in docs/gemm-floor.md's runs).
 CONFIGS = {
-    np.dtype(np.float32): ((4, 32), (6, 32), (8, 16), (4, 16)),
+    np.dtype(np.float32): ((8, 16), (4, 32), (6, 32), (4, 16)),
     np.dtype(np.float64): ((4, 16), (6, 16), (8, 8), (4, 8)),
 }
 #: Query rows per task and keys per tile (a multiple of every ``nr`` above).
