@@ -282,7 +282,7 @@ def claims_lines(sections) -> list[str]:
     return []
 
 
-def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
+def run_job(args, *, agreement_status: int, started: float,
             sweep_max_time: float = 0.1) -> int:
     """Everything ``attnbench run`` does after the agreement check; returns the exit status.
 
@@ -292,8 +292,6 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
         ``run``'s arguments (``out``, ``grid``, ``backends``).
     agreement_status : int
         0 if every backend agreed with the reference, else 1.
-    gemm_peaks : dict
-        dtype name -> GEMM GFLOP/s measured at the start of this run.
     started : float
         ``time.perf_counter()`` at the start of the run.
     sweep_max_time : float
@@ -312,9 +310,9 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
                   ("numpy", "torch")]
     print(f"\nSweep '{grid_name}': {points_summary(points)}", flush=True)
     threads = getattr(args, "threads", None)
-    # With fewer threads, the GEMM peak of the same thread count is the yardstick.
-    result = run_sweep(points, max_time=sweep_max_time, threads=threads,
-                       gemm_peaks=None if threads else gemm_peaks)
+    # The sweep probes the GEMM peak through its run (on its thread count); the peak is the
+    # maximum over those probes and the agreement check's (machine.gemm_peak_gflops).
+    result = run_sweep(points, max_time=sweep_max_time, threads=threads)
     written = save_results(result, out, extra_meta={
         "command": f"attnbench run --grid {args.grid}", "grid": grid_name, "threads": threads})
     print(format_points(result.table) if not result.table.empty else "(no point finished)")
@@ -351,9 +349,9 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
 def run_command(args) -> int:
     """``attnbench run``: the agreement table (:func:`~attnbench.sweep.agreement.run_agreement`),
     then :func:`run_job` (sweep, fits, studies, report)."""
-    status, peaks, started = run_agreement(args.out, grid=args.grid, backends=args.backends,
-                                           max_time=args.max_time)
+    status, _, started = run_agreement(args.out, grid=args.grid, backends=args.backends,
+                                       max_time=args.max_time)
     if status == 2:
         return 2
-    return run_job(args, agreement_status=status, gemm_peaks=peaks, started=started,
+    return run_job(args, agreement_status=status, started=started,
                    sweep_max_time=args.sweep_max_time)

@@ -356,7 +356,7 @@ def _fill_round(fn, clocks: _Clocks, series: _Series, repeat: int, min_repeat: i
 def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
                 warmup: int = 1, settle: float = 0.0, target: float = NOISE_TARGET,
                 budget: float = 0.0, probe: Probe | None = None, max_rounds: int = 200,
-                clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
+                watch=None, clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
                 thread_clock: Clock = time.thread_time,
                 sleep: Callable[[float], object] = time.sleep) -> dict:
     """Time several functions in alternating rounds, so that load changes hit them all alike.
@@ -382,6 +382,9 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         Seconds for further rounds while some function's median is noisy.
     max_rounds : int, default 200
         No round past this many.
+    watch : collection of names, optional
+        Only these functions' noise keeps further rounds going (the others are timed
+        alongside, as a yardstick); default: every function's.
     sleep : callable, default time.sleep
 
     Returns
@@ -409,12 +412,13 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
             for one in series.values():
                 one.probe_readings.append(reading)
         names = list(functions)
+        watched = names if watch is None else [name for name in names if name in watch]
         extra_start = None
         for index in range(1, max_rounds):
             if index >= rounds:
                 extra_start = clock() if extra_start is None else extra_start
                 if clock() - extra_start >= budget or not any(
-                        one.timing(probe).noisy for one in series.values()):
+                        series[name].timing(probe).noisy for name in watched):
                     break
             before = probe() if probe is not None else None
             for name in names[index % len(names):] + names[:index % len(names)]:
