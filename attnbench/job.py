@@ -59,14 +59,16 @@ CONSOLE_COLUMNS = {
 
 
 def format_points(table: pd.DataFrame) -> str:
-    """The sweep table as fixed-width text (reasons of skipped points below it)."""
+    """The sweep table as fixed-width text (below it: reasons of skipped points, faults)."""
     shown = table.assign(peak_mem_mib=table.get("peak_mem_bytes", float("nan")) / 2**20)
     shown = shown[[c for c in CONSOLE_COLUMNS if c in shown]].rename(columns=CONSOLE_COLUMNS)
     text = shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}")
     not_ok = table[table["status"] != "ok"]
-    if not not_ok.empty:
-        text += "\n" + "\n".join(f"  {row.backend} L={row.L} {row.mask} {row.dtype}: {row.reason}"
-                                 for row in not_ok.itertuples())
+    # a fault's "% GEMM" is left out ("-"): the line below says why
+    faults = table[table["fault"].fillna("") != ""] if "fault" in table else table.iloc[:0]
+    for rows, column in ((not_ok, "reason"), (faults, "fault")):
+        text += "".join(f"\n  {row.backend} L={row.L} {row.mask} {row.dtype}: "
+                        f"{getattr(row, column)}" for row in rows.itertuples())
     return text
 
 

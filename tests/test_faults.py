@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 
 from attnbench.measure.timing import fault
 from attnbench.sweep import run
@@ -67,3 +68,16 @@ def test_the_peak_is_the_best_of_probes_through_the_sweep_and_rows_are_read_agai
     assert (table["gemm_peak_gflops"] == 1e6).all()
     assert (table["fault"] == "").all()
     assert np.allclose(table["pct_of_gemm_peak"], 100 * table["gflops"] / 1e6)
+
+
+def test_the_console_table_says_why_a_percentage_is_missing():
+    from attnbench.job import format_points
+
+    row = {"backend": "numba", "L": 64, "d_k": 8, "heads": 2, "kv_heads": 2, "batch": 1,
+           "mask": "none", "dtype": "float32", "status": "ok", "median_ms": 0.1,
+           "gflops": 30.0, "pct_of_gemm_peak": np.nan,
+           "fault": fault(197.0, 100, "% of the GEMM peak")}
+    text = format_points(pd.DataFrame([row, {**row, "L": 32, "pct_of_gemm_peak": 50.0,
+                                             "fault": ""}]))
+    assert "numba L=64 none float32: measurement fault: % of the GEMM peak 197" in text
+    assert "L=32 none float32: measurement" not in text
