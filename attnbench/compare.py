@@ -26,21 +26,15 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.measure.intervals import parse_samples, ratio_interval
+from attnbench.measure.machine import busy_machine
 from attnbench.sweep.files import load_results
 
-__all__ = ["BUSY_LOAD_PER_CORE", "THRESHOLD", "command", "compare_folders", "compare_tables",
-           "plot_ratios"]
+__all__ = ["THRESHOLD", "command", "compare_folders", "compare_tables", "plot_ratios"]
 
 #: Point parameters a comparison joins on.
 KEYS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype"]
 #: Default relative slow-down a significant change must exceed to count as a regression.
 THRESHOLD = 0.10
-#: A folder was measured on a busy machine when its 1-min load average (at the start or
-#: the end of its sweep) exceeded this many runnable processes per usable core: more
-#: wanted a core than there were cores, so some waited.  The sweep's own threads count in
-#: the reading at its end (up to one per core), so a lower bar would call every run on
-#: all cores busy: a load of 1.2 on 2 cores is the run itself and a little more.
-BUSY_LOAD_PER_CORE = 1.0
 #: Quantity -> (samples column, median column) of a sweep table.
 QUANTITIES = {"time": ("samples_ms", "median_ms"), "cpu": ("cpu_samples_ms", "cpu_median_ms")}
 
@@ -161,7 +155,7 @@ def _machines_note(meta_before: dict, meta_after: dict) -> str:
         machine = meta.get("machine") or {}
         cores = machine.get("usable_cores") or machine.get("logical_cores")
         loads = [load for load in loads if load is not None]
-        if cores and loads and max(loads) > cores * BUSY_LOAD_PER_CORE:
+        if loads and busy_machine(max(loads), cores):  # measure.machine.BUSY_LOAD_PER_CORE
             notes.append(f"Note: {name} was measured on a busy machine (1-min load up to "
                          f"{max(loads):.1f} on {cores} cores): its times include waiting "
                          "for cores other processes held.")

@@ -90,3 +90,13 @@ def test_gemm_peak_is_the_best_probe_and_the_record_counts_the_probes(monkeypatc
     assert np.allclose(entry["readings"], [flops / t / 1e9 for t in (1e-3, 3e-3, 0.9e-3)],
                        rtol=1e-3)
     assert machine_record()["gemm_peak_probes"] == gemm_peak_record()  # in the record
+
+
+def test_busy_means_more_runnable_processes_than_cores():
+    from attnbench.measure.machine import busy_machine
+
+    assert not busy_machine(1.2, 2)  # the run itself and a shell, on 2 cores
+    assert not busy_machine(2.0, 2)
+    assert busy_machine(2.5, 2)
+    assert not busy_machine(9.0, 16) and busy_machine(17.0, 16)
+    assert not busy_machine(50.0, None)  # unknown cores: no claim

@@ -29,13 +29,27 @@ from threadpoolctl import threadpool_info
 
 from attnbench.measure.timing import measure
 
-__all__ = ["gemm_peak_gflops", "gemm_peak_record", "machine_columns", "machine_record"]
+__all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
+           "machine_columns", "machine_record"]
 
 #: Environment variables that change how the BLAS or Numba run; recorded when set.
 RECORDED_ENV_VARS = (
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
     "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_ENABLE_CUDASIM",
 )
+
+
+#: A machine is busy when its 1-min load average exceeds this many runnable processes per
+#: usable core: more wanted a core than there were cores, so some waited.  A run's own
+#: threads count in a reading taken during or just after it (up to one per core), so a
+#: lower bar would call every run on all cores busy: a load of 1.2 on 2 cores is the run
+#: itself and a little more.
+BUSY_LOAD_PER_CORE = 1.0
+
+
+def busy_machine(load: float, cores: int | None) -> bool:
+    """True if a 1-min ``load`` average means processes waited for one of ``cores`` cores."""
+    return bool(cores) and load > cores * BUSY_LOAD_PER_CORE
 
 
 def _cpu_model() -> str:

@@ -273,6 +273,8 @@ def collect_sections(folder) -> list[Section]:
     if record:
         extra = ({"gemm_peak_gflops (sweep)": meta["gemm_peak_gflops"]}
                  if "gemm_peak_gflops" in meta else {})
+        if (meta.get("machine") or {}).get("gemm_peak_probes"):  # the best of these probes
+            extra["gemm_peak_probes (sweep)"] = meta["machine"]["gemm_peak_probes"]
         sections.append(machine_section(record, extra))
     found = summary.cards(agreement=agreement, sweep=table, fits=fits, sections=saved,
                           record=_read_json(folder / "machine.json"), meta=meta)
