@@ -52,7 +52,8 @@ EXIT_INTERRUPTED = 130
 #: Columns printed for each point of a sweep.
 CONSOLE_COLUMNS = {
     "backend": "backend", "L": "L", "d_k": "d_k", "heads": "H", "kv_heads": "Hkv",
-    "batch": "B", "mask": "mask", "dtype": "dtype", "status": "status",
+    "batch": "B", "mask": "mask", "dtype": "dtype", "direction": "dir", "variant": "variant",
+    "status": "status",
     "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
     "pct_of_gemm_peak": "% GEMM", "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
 }
@@ -65,8 +66,12 @@ def format_points(table: pd.DataFrame) -> str:
     text = shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}")
     not_ok = table[table["status"] != "ok"]
     if not not_ok.empty:
-        text += "\n" + "\n".join(f"  {row.backend} L={row.L} {row.mask} {row.dtype}: {row.reason}"
-                                 for row in not_ok.itertuples())
+        extra = [" ".join(str(getattr(row, name, "")) for name in ("direction", "variant")
+                          if getattr(row, name, "") not in ("", "forward", "none"))
+                 for row in not_ok.itertuples()]
+        text += "\n" + "\n".join(
+            f"  {row.backend} L={row.L} {row.mask} {row.dtype}{' ' * bool(more)}{more}: "
+            f"{row.reason}" for row, more in zip(not_ok.itertuples(), extra, strict=True))
     return text
 
 
@@ -80,6 +85,9 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     print("Scaling (exponent [95% interval]; time: wall clock, cpu: CPU time):", file=file)
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
+        fixed += "".join(f" {value}" for value in (getattr(row, "variant", "none"),
+                                                    getattr(row, "direction", "forward"))
+                         if isinstance(value, str) and value not in ("none", "forward", ""))
         if "group" in measured:  # results of several hosts: say which
             fixed = f"{row.group}: {fixed}"
         print(f"  [{fixed}] {row.verdict}", file=file)
@@ -97,7 +105,8 @@ def _status_of_sweep(table: pd.DataFrame) -> int:
 
 #: Grid flags of ``attnbench sweep`` (argparse dest -> grid parameter).
 GRID_FLAGS = {"L": "L", "dk": "d_k", "heads": "heads", "kv_heads": "kv_heads",
-              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend"}
+              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend",
+              "direction": "direction", "variant": "variant"}
 
 
 def grids_from_args(args) -> list[Grid]:

@@ -63,7 +63,8 @@ def agreement_section(table: pd.DataFrame) -> Section:
 
 
 #: Columns of the sweep table shown in the report.
-REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status",
+REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
+                  "direction", "variant", "status",
                   "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
                   "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
                   "oracle", "h2d_ms", "d2h_ms", "host_call_ms", "launch_overhead_us",

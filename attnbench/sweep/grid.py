@@ -277,8 +277,9 @@ def expand(grids) -> list[Point]:
 #: Sequence lengths of the quick grid's scaling series: 256 to 4096, ratio ~1.6.
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
 
-#: Named grids.  "quick" is what ``attnbench run`` sweeps (about a minute on 2 cores);
-#: "tiny" is a smoke test of a few seconds, for the tests.
+#: Named grids.  "quick" is what ``attnbench run`` sweeps (about two minutes on 2 cores);
+#: "tiny" is a smoke test of a few seconds, for the tests (no variant: each new mask
+#: function structure compiles a kernel, ~10 s).
 GRIDS = {
     "quick": (
         # Time, FLOP/s, error and memory against L, no mask and causal: 7 near-geometric
@@ -297,11 +298,24 @@ GRIDS = {
         Grid(L=(1024,), d_k=(16, 32, 64, 128, 256), heads=(4,), backend=("numba",)),
         Grid(L=(1024,), d_k=(64,), heads=(1, 2, 4, 8, 16), backend=("numba",)),
         Grid(L=(1024,), d_k=(64,), heads=(4,), batch=(1, 2, 4, 8), backend=("numba",)),
+        # The backward pass against L (out and lse given; forward not timed), numba and
+        # torch's autograd: the O(L²) time and O(L) memory fits of the gradients.
+        Grid(L=LENGTHS, d_k=(64,), heads=(4,), mask=("none", "causal"),
+             backend=("numba", "torch"), direction=("backward",)),
+        # Causal sliding windows (W = 64, 256) over the lengths where L >= 4W: time
+        # against L·W, and the block-skipping speed-up over the plain causal call (the
+        # L series above); 8 equal documents against the plain non-causal call.
+        Grid(L=LENGTHS[3:], d_k=(64,), heads=(4,), mask=("causal",),
+             variant=("window-64", "window-256"), backend=("numba",)),
+        Grid(L=(1024, 4096), d_k=(64,), heads=(4,), variant=("documents-8",),
+             backend=("numba",)),
     ),
     "tiny": (
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("none", "causal"),
              backend=("numba", "reference", "numpy", "torch")),
         Grid(L=(32,), d_k=(8,), heads=(2,), kv_heads=(1,), mask=("padding", "bool"),
              backend=("numba", "reference")),
+        Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("causal",),
+             backend=("numba", "reference"), direction=("backward",)),
     ),
 }
