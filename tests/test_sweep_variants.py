@@ -33,9 +33,11 @@ def point(backend, L=16, mask="none", dtype="float32", direction="forward", vari
     return Point(backend, L, 8, 2, 1, 1, mask, dtype, direction, variant)
 
 
+NEEDS_TORCH = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+
+
 @pytest.mark.parametrize("backend, dtype", [("numba", "float32"), ("reference", "float64"),
-                                            pytest.param("torch", "float32", marks=pytest.mark.skipif(
-                                                not HAS_TORCH, reason="torch not installed"))])
+                                            pytest.param("torch", "float32", marks=NEEDS_TORCH)])
 def test_backward_points_time_the_gradients_and_check_them(runner, backend, dtype):
     row = runner(point(backend, mask="causal", dtype=dtype, direction="backward"))
     assert row["status"] == "ok", row["reason"]
@@ -80,7 +82,7 @@ def test_a_variant_counts_only_the_pairs_its_mask_function_leaves_visible(runner
 @pytest.mark.parametrize("backend, variant", [
     ("numba", "documents-3"), ("reference", "alibi"), ("reference", "softcap"),
     ("numpy", "window-4"), ("numpy", "documents-3"), ("numpy", "alibi"),
-    pytest.param("torch", "alibi", marks=pytest.mark.skipif(not HAS_TORCH, reason="no torch")),
+    pytest.param("torch", "alibi", marks=NEEDS_TORCH),
 ])
 def test_variant_points_agree_with_the_oracle_of_the_same_variant(runner, backend, variant):
     row = runner(point(backend, L=24, mask="causal", variant=variant))

@@ -41,8 +41,8 @@ import pandas as pd
 from attnbench.measure.intervals import parse_samples
 from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
 
-__all__ = ["PowerFit", "fit_mask", "fit_power_law", "fit_row", "fit_series", "scaling_table", "verdict",
-           "with_parameters"]
+__all__ = ["PowerFit", "fit_mask", "fit_power_law", "fit_row", "fit_series", "scaling_table",
+           "verdict", "with_parameters"]
 
 #: Without samples, fit time points only where t >= OVERHEAD_FACTOR x the smallest call ...
 OVERHEAD_FACTOR = 100

@@ -16,12 +16,13 @@ into a pandas DataFrame with one row per point.  The work is split in two:
 
 For each point the runner builds the inputs (seeded by the problem, so every backend,
 direction and variant of a problem sees the same arrays), calls the backend once (this
-compiles, and its output is the one checked), times it with :func:`attnbench.measure.timing.measure`, measures
-the peak extra memory of one more call (:func:`attnbench.measure.timing.peak_extra_memory`),
-and compares the checked output with the oracle of :mod:`attnbench.measure.oracle`.  The
-oracle is computed once per problem (cached) with the BLAS on one thread, so that no
-BLAS worker threads are left spinning while the next point is timed; above
-``oracle_limit`` score entries it is skipped and the row says so.
+compiles, and its output is the one checked), times it with
+:func:`attnbench.measure.timing.measure`, measures the peak extra memory of one more call
+(:func:`attnbench.measure.timing.peak_extra_memory`), and compares the checked output
+with the oracle of :mod:`attnbench.measure.oracle`.  The oracle is computed once per
+problem (cached) with the BLAS on one thread, so that no BLAS worker threads are left
+spinning while the next point is timed; above ``oracle_limit`` score entries it is
+skipped and the row says so.
 
 A ``backward`` point times :func:`kernels.attention_backward` given ``out`` and ``lse``
 from one forward call of the same backend made before timing (the forward is not timed;
