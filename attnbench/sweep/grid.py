@@ -277,7 +277,7 @@ def expand(grids) -> list[Point]:
 #: Sequence lengths of the quick grid's scaling series: 256 to 4096, ratio ~1.6.
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
 
-#: Named grids.  "quick" is what ``attnbench run`` sweeps (about two minutes on 2 cores);
+#: Named grids.  "quick" is what ``attnbench run`` sweeps (a minute or two on 2 quiet cores);
 #: "tiny" is a smoke test of a few seconds, for the tests (no variant: each new mask
 #: function structure compiles a kernel, ~10 s).
 GRIDS = {
