@@ -6,8 +6,9 @@ import pytest
 import kernels
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
+from attnbench.sweep.calls import backward_takes_mods, make_inputs
 from attnbench.sweep.grid import Point
-from attnbench.sweep.runner import PointRunner, backward_takes_mods, make_inputs
+from attnbench.sweep.runner import PointRunner
 from attnbench.sweep.variants import (
     alibi_slopes,
     document_ids,

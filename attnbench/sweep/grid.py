@@ -114,7 +114,7 @@ class Point:
         """The problem without the backend: points with the same key share an oracle.
 
         Points that differ only in backend, direction or variant get the same inputs
-        (:func:`attnbench.sweep.runner.make_inputs`), so their times compare side by side.
+        (:func:`attnbench.sweep.calls.make_inputs`), so their times compare side by side.
         """
         return (self.L, self.d_k, self.heads, self.kv_heads, self.batch, self.mask, self.dtype,
                 self.direction, self.variant)

@@ -44,8 +44,6 @@ memory, the error and tolerance, status and reason, and the machine columns.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -56,16 +54,14 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 import kernels
-from attnbench.measure import gpu_device, gpu_timing, peers, problems
+from attnbench.measure import gpu_device, gpu_timing, peers
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
-from attnbench.measure.problems import (
-    SETTLE_SECONDS,
-    ProblemSpec,
-)
+from attnbench.measure.problems import SETTLE_SECONDS
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
-from attnbench.sweep.grid import MASK_KINDS, Point
+from attnbench.sweep.calls import backward_takes_mods, make_call, make_dout, make_inputs
+from attnbench.sweep.grid import Point
 from attnbench.sweep.variants import peer_kwargs, variant_kwargs
 
 __all__ = ["COLUMNS", "ORACLE_LIMIT", "PointRunner", "make_dout", "make_inputs"]
@@ -99,30 +95,6 @@ COLUMNS = (
     "peak_mem_bytes", "base_mem_bytes", "memory_method", "max_abs_err", "tolerance",
     "within_tolerance", "oracle", "point_seconds", "device",
 )
-
-
-def make_inputs(point: Point):
-    """``q, k, v`` (B, H|Hkv, L, d_k) and the masking keyword arguments of ``point``.
-
-    Drawn by :func:`attnbench.measure.problems.make_inputs`: points that differ only in
-    their backend get the same inputs.
-    """
-    spec = ProblemSpec(B=point.batch, H=point.heads, Hkv=point.kv_heads, Lq=point.L,
-                       D=point.d_k).with_mask_kind(point.mask)
-    return problems.make_inputs(spec, point.dtype, seed=MASK_KINDS.index(point.mask))
-
-
-def make_dout(point: Point, q: np.ndarray) -> np.ndarray:
-    """The output gradient of a backward point: q's shape and dtype, seeded by the problem."""
-    rng = np.random.default_rng([problems.SEED, point.L, point.d_k, point.heads, point.batch, 1])
-    return rng.standard_normal(q.shape).astype(q.dtype)  # (B, H, L, d_k)
-
-
-@functools.cache
-def backward_takes_mods() -> bool:
-    """True when :func:`kernels.attention_backward` takes ``score_mod`` and ``mask_mod``."""
-    parameters = inspect.signature(kernels.attention_backward).parameters
-    return {"score_mod", "mask_mod"} <= set(parameters)
 
 
 def _size(n_bytes: float) -> str:
@@ -221,29 +193,8 @@ class PointRunner:
     # --- measuring ------------------------------------------------------------------------
 
     def make_call(self, point: Point, q, k, v, kwargs):
-        """The function the point times: the public kernels API, or the peer.
-
-        Forward: :func:`kernels.attention` (or the peer).  Backward:
-        :func:`kernels.attention_backward` given ``out`` and ``lse`` of one forward call
-        made here (or the peer's :func:`attnbench.measure.peers.make_backward_call`); the
-        function's ``lse`` attribute holds the stored log-sum-exp (None for the
-        reference and the peers, which do not rebuild the softmax from it).
-        """
-        if point.backend in peers.PEERS:
-            kwargs = peer_kwargs(point.variant, kwargs, point.heads, point.L, q.dtype)
-            if point.direction == "backward":
-                return peers.make_backward_call(point.backend, q, k, v, make_dout(point, q),
-                                                kwargs)
-            return peers.make_call(point.backend, q, k, v, kwargs)
-        kwargs = {**kwargs, **variant_kwargs(point.variant, point.heads, point.L)}
-        if point.direction == "forward":
-            return functools.partial(kernels.attention, q, k, v, backend=point.backend,
-                                     **kwargs)
-        out, lse = kernels.attention(q, k, v, backend=point.backend, return_lse=True, **kwargs)
-        call = functools.partial(kernels.attention_backward, q, k, v, make_dout(point, q),
-                                 out=out, lse=lse, backend=point.backend, **kwargs)
-        call.lse = None if point.backend == "reference" else lse
-        return call
+        """The function the point times (:func:`attnbench.sweep.calls.make_call`)."""
+        return make_call(point, q, k, v, kwargs)
 
     def threads(self, backend: str) -> int | None:
         if backend in peers.PEERS:
@@ -273,7 +224,12 @@ class PointRunner:
         return self._overheads[key]
 
     def _oracle(self, point: Point, q, k, v, kwargs):
-        """``(exact, plain-error, tolerance)`` of the point's problem, cached per problem."""
+        """The oracle of the point's problem, cached per problem.
+
+        Forward: ``(exact, tolerance)``.  Backward: ``(exact, plain)``, each ``(dq, dk, dv)``
+        (:func:`attnbench.measure.grad_oracle.gradient_oracle`; the tolerance is set per
+        gradient by :func:`~attnbench.measure.grad_oracle.gradient_errors`).
+        """
         key = point.problem_key()
         if key not in self._oracles:
             problem = kernels.prepare(q, k, v, **kwargs,
