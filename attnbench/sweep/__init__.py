@@ -2,6 +2,8 @@
 
 - :mod:`~attnbench.sweep.grid`: the grids (named and from files) and their points.
 - :mod:`~attnbench.sweep.runner`: runs points (timing and check), the sweep table.
+- :mod:`~attnbench.sweep.calls`: what a point calls (forward or backward), its inputs.
+- :mod:`~attnbench.sweep.variants`: the variant axis as :mod:`kernels.mods` arguments.
 - :mod:`~attnbench.sweep.agreement`: every backend against the reference (``run``'s
   first step).
 - :mod:`~attnbench.sweep.files`: saving and loading results (CSV, Parquet, JSON).
