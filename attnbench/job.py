@@ -52,10 +52,18 @@ EXIT_INTERRUPTED = 130
 #: Columns printed for each point of a sweep.
 CONSOLE_COLUMNS = {
     "backend": "backend", "L": "L", "d_k": "d_k", "heads": "H", "kv_heads": "Hkv",
-    "batch": "B", "mask": "mask", "dtype": "dtype", "status": "status",
+    "batch": "B", "mask": "mask", "dtype": "dtype", "direction": "dir", "variant": "variant",
+    "status": "status",
     "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
     "pct_of_gemm_peak": "% GEMM", "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
 }
+
+
+def _point_label(row) -> str:
+    """``backend L=… mask dtype`` and, when not the default, direction and variant."""
+    extra = [str(getattr(row, name, "")) for name in ("direction", "variant")
+             if getattr(row, name, "") not in ("", "forward", "none")]
+    return " ".join([f"{row.backend} L={row.L} {row.mask} {row.dtype}", *extra])
 
 
 def format_points(table: pd.DataFrame) -> str:
@@ -67,8 +75,8 @@ def format_points(table: pd.DataFrame) -> str:
     # a fault's "% GEMM" is left out ("-"): the line below says why
     faults = table[table["fault"].fillna("") != ""] if "fault" in table else table.iloc[:0]
     for rows, column in ((not_ok, "reason"), (faults, "fault")):
-        text += "".join(f"\n  {row.backend} L={row.L} {row.mask} {row.dtype}: "
-                        f"{getattr(row, column)}" for row in rows.itertuples())
+        text += "".join(f"\n  {_point_label(row)}: {getattr(row, column)}"
+                        for row in rows.itertuples())
     return text
 
 
@@ -82,6 +90,9 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     print("Scaling (exponent [95% interval]; time: wall clock, cpu: CPU time):", file=file)
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
+        fixed += "".join(f" {value}" for value in (getattr(row, "variant", "none"),
+                                                    getattr(row, "direction", "forward"))
+                         if isinstance(value, str) and value not in ("none", "forward", ""))
         if "group" in measured:  # results of several hosts: say which
             fixed = f"{row.group}: {fixed}"
         print(f"  [{fixed}] {row.verdict}", file=file)
@@ -99,7 +110,8 @@ def _status_of_sweep(table: pd.DataFrame) -> int:
 
 #: Grid flags of ``attnbench sweep`` (argparse dest -> grid parameter).
 GRID_FLAGS = {"L": "L", "dk": "d_k", "heads": "heads", "kv_heads": "kv_heads",
-              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend"}
+              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend",
+              "direction": "direction", "variant": "variant"}
 
 
 def grids_from_args(args) -> list[Grid]:

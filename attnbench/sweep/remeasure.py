@@ -5,7 +5,7 @@ saw interference while it was timed (:attr:`attnbench.measure.timing.Timing.nois
 after the rounds :func:`~attnbench.measure.timing.measure` adds within the point's own
 budget: a burst of load lasting a whole point.  :func:`remeasure_noisy` times such a point
 again, later in the run, in alternating rounds with the points next to it in L of the
-same series (same backend, d_k, heads, kv_heads, batch, mask and dtype) via
+same series (same backend, direction, variant, d_k, heads, kv_heads, batch, mask, dtype) via
 :func:`~attnbench.measure.timing.interleaved`, so that a change of load hits the point and
 its neighbours alike, until its interval is tight or its budget is spent.
 
@@ -33,7 +33,8 @@ __all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "neighbours", "noisy_rows", "read_
            "remeasure_noisy"]
 
 #: Columns that identify a series of points along L.
-SERIES_KEYS = ("backend", "d_k", "heads", "kv_heads", "batch", "mask", "dtype")
+SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
+               "dtype")
 
 #: Rounds a re-measurement always takes: twice the fewest with an interval, so that a
 #: point once found noisy is not called tight on a handful of fresh samples.
