@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.bench.config import COLUMNS, FLOOR
+from attnbench.bench.interval_targets import INCONCLUSIVE
 from attnbench.measure.machine import machine_columns, summary_lines
 from attnbench.report.html import write_html
 from attnbench.report.sections import Section
@@ -40,7 +41,8 @@ def format_table(table: pd.DataFrame) -> str:
 
 def format_targets(targets: pd.DataFrame) -> str:
     shown = targets.copy()
-    shown["met"] = shown["met"].map({True: "met", False: "MISSED", None: "n/a"})
+    shown["met"] = shown["met"].map({True: "met", False: "MISSED", None: "n/a",
+                                      INCONCLUSIVE: INCONCLUSIVE})
     return shown.to_string(index=False)
 
 
@@ -93,7 +95,8 @@ def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
         f"rounds (interquartile range in brackets); \"GEMMs alone\" is numba's two tile "
         f"GEMMs without the softmax (the floor under its time).")
     shown_targets = targets.assign(met=targets["met"].map({True: "met", False: "**missed**",
-                                                           None: "n/a"}))
+                                                           None: "n/a",
+                                                           INCONCLUSIVE: INCONCLUSIVE}))
     shown_targets = shown_targets.fillna("")
     return "\n\n".join([header, _markdown(pd.DataFrame(rows)),
                          _markdown(shown_targets[["target", "measured", "goal", "met", "note"]])]

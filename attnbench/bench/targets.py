@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.bench.config import FLOOR, TARGET_COLUMNS, BenchConfig
+from attnbench.bench.interval_targets import backward_targets, variant_targets
 from attnbench.measure.timing import fault
 
 # --- the targets ------------------------------------------------------------------------------
@@ -19,7 +20,8 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
     """One row per target: what was measured, the goal and whether it is met.
 
     A target whose rows are missing (a peer not installed, a section skipped) has
-    ``met = None`` and says why in ``note``.
+    ``met = None`` and says why in ``note``; the backward's and the variants' targets
+    (:mod:`attnbench.bench.interval_targets`) may also be ``"inconclusive"``.
     """
     ok = table["status"] == "ok"
     speed = table[(table["section"] == "speed") & ok]
@@ -111,4 +113,7 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         f"{len(numba_rows) - len(bad)}/{len(numba_rows)} within; worst err/tol "
         f"{(numba_rows['max_abs_err'] / numba_rows['tolerance']).max():.2f}",
         "all", bool(bad.empty) if len(numba_rows) else None)
+    for target in backward_targets(table, config.causal) + variant_targets(table, config):
+        add(target["target"], target["shape"], target["measured"], target["goal"],
+            target["met"], target["note"])
     return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))
