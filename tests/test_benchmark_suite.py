@@ -10,8 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchmarks import test_backward, test_mods
 from tests.benchmarks.test_attention import BACKENDS, MASKS, SHAPES
 from tests.benchmarks.test_peers import PEERS
+
+#: Benchmarks on the tiny grid: forward per backend and peer, backward per backend that
+#: has one (two timings each), and every kernels.mods built-in per backend.
+N_TINY = len(SHAPES["tiny"]) * (
+    len(MASKS) * (len(BACKENDS) + len(PEERS))
+    + len(MASKS) * len(test_backward.BACKENDS) * len(test_backward.PASSES)
+    + len(test_mods.MODS) * len(test_mods.BACKENDS))
 
 REPO = Path(__file__).resolve().parents[1]
 #: Short runs: the numbers are not the point here, the plumbing is.
@@ -28,9 +36,8 @@ def run_pytest(*args, timeout=300):
 
 def test_plain_pytest_deselects_the_benchmarks():
     result = run_pytest()
-    n = len(SHAPES["tiny"]) * len(MASKS) * (len(BACKENDS) + len(PEERS))
     assert result.returncode == 5, result.stdout + result.stderr  # 5: no test ran
-    assert f"{n} deselected" in result.stdout
+    assert f"{N_TINY} deselected" in result.stdout
 
 
 def test_benchmark_json_autosave_and_compare(tmp_path):
@@ -45,6 +52,9 @@ def test_benchmark_json_autosave_and_compare(tmp_path):
     assert len(benchmarks) >= n_kernels  # + the peers that are installed (numpy at least)
     names = {bench["name"] for bench in benchmarks}
     assert any(name.startswith("test_peer[") and name.endswith("numpy]") for name in names)
+    steps = {bench["extra_info"].get("step") for bench in benchmarks}
+    assert {"backward", "forward+backward"} <= steps  # the backward, both ways
+    assert {bench["extra_info"].get("mod") for bench in benchmarks} >= set(test_mods.MODS)
     for bench in benchmarks:
         info = bench["extra_info"]
         shape = f"L={info['L']} d_k={info['d_k']} H={info['heads']}/{info['kv_heads']}"
