@@ -294,12 +294,14 @@ def _add_bench(subparsers) -> None:
             "oracle, and further checks: peak extra memory at --memory-L, tiny-call latency, "
             "key_lengths with half the keys padded, 1 thread against all, the backward pass "
             "against torch's autograd, the score and mask variants against the plain call, "
-            "start-up of a new process with a warm cache. On non-causal shapes the numba kernel's tile GEMMs "
-            "alone (no softmax) are timed beside it: the floor under its time. Peers that "
-            "are not installed are reported as missing. Prints the table and one verdict "
-            "per target, writes OUT/bench.csv, targets.csv, machine.json, bench.png, "
-            "bench.html and bench.md. About 7 minutes on 2 cores (--quick: about 1). Exit "
-            "status: 0 if numba ran everywhere within the "
+            "start-up of a new process with a warm cache. On non-causal shapes the numba "
+            "kernel's tile GEMMs alone (no softmax) are timed beside it: the floor under its "
+            "time. Peers that are not installed are reported as missing. Prints the table "
+            "and one verdict per target (the backward's and the variants' from the 95% "
+            "interval of each ratio: met, missed or inconclusive), writes OUT/bench.csv, "
+            "targets.csv, machine.json, bench.png, bench.html and bench.md. About 7 minutes "
+            "on 2 cores without the backward and variants sections, which add several more "
+            "(--quick: a few minutes in all). Exit status: 0 if numba ran everywhere within the "
             "tolerance (targets met or not), 1 otherwise."),
     )
     parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",

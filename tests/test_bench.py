@@ -14,9 +14,9 @@ from attnbench.bench import sections as bench_sections
 from attnbench.bench.output import format_markdown, format_targets
 from attnbench.bench.run import run_bench
 from attnbench.bench.targets import targets_table
-from attnbench.measure.intervals import format_samples
 from attnbench.cli import main
 from attnbench.measure import peers
+from attnbench.measure.intervals import format_samples
 
 TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", "128",
         "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",

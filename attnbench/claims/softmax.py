@@ -255,7 +255,8 @@ def c15() -> Result:
                 f"{graw.loc[top, 'dq_vanishing_fraction']:.0%} of unscaled rows below 1% of "
                 f"the scaled median; mean ‖dQ‖ {graw.loc[top, 'dq_norm_mean']:.3g} vs "
                 f"{gscaled.loc[top, 'dq_norm_mean']:.3g}; median ‖dK‖ "
-                f"{graw.loc[top, 'dk_norm_median']:.3g} vs {gscaled.loc[top, 'dk_norm_median']:.3g}")
+                f"{graw.loc[top, 'dk_norm_median']:.3g} vs "
+                f"{gscaled.loc[top, 'dk_norm_median']:.3g}")
     if not (saturates and below[top]):
         return Result(FAILS, measured, values=values)
     if below.all() and graw.loc[top, "dq_vanishing_fraction"] > 0.5:

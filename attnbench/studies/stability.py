@@ -355,9 +355,10 @@ def section(scaling: pd.DataFrame | None = None, temperature: pd.DataFrame | Non
     return [
         Section(
             title="Softmax stability: the 1/√d_k scale", anchor="stability",
-            text=(summary(scaling) + " " + gradient_summary(gradients) + "\n\nJacobian norm: Frobenius norm of diag(p) − ppᵀ, "
-                  "the derivative of the weights with respect to the logits (an upper bound "
-                  "on its spectral norm). Nearly one-hot: largest weight > "
+            text=(summary(scaling) + " " + gradient_summary(gradients)
+                  + "\n\nJacobian norm: Frobenius norm of diag(p) − ppᵀ, the derivative of "
+                  "the weights with respect to the logits (an upper bound on its spectral "
+                  "norm). Nearly one-hot: largest weight > "
                   f"{ONE_HOT_THRESHOLD}; vanishing gradient: Jacobian norm below "
                   f"{SMALL_JACOBIAN}. The last column is the fraction of rows where a float32 "
                   "softmax without max-subtraction returns inf/NaN or wrong weights. The "

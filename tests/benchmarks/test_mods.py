@@ -1,4 +1,4 @@
-"""The score and mask built-ins of :mod:`kernels.mods` per backend and shape (``pytest --benchmark``).
+"""The built-ins of :mod:`kernels.mods` per backend and shape (``pytest --benchmark``).
 
 Each built-in is timed through ``kernels.attention(..., mask_mod=...)`` or
 ``score_mod=...`` beside the plain call of the same shape (grouped by shape: the group
