@@ -22,6 +22,8 @@ N_TINY = len(SHAPES["tiny"]) * (
     + len(test_mods.MODS) * len(test_mods.BACKENDS))
 
 REPO = Path(__file__).resolve().parents[1]
+#: The mods benchmarks run here: the plain call and one score function.
+MODS_SUBSET = "not test_mod or plain or alibi"
 #: Short runs: the numbers are not the point here, the plumbing is.
 QUICK = ("--benchmark-max-time=0.005", "--benchmark-min-rounds=3")
 
@@ -43,8 +45,10 @@ def test_plain_pytest_deselects_the_benchmarks():
 def test_benchmark_json_autosave_and_compare(tmp_path):
     report = tmp_path / "bench.json"
     storage = f"file://{tmp_path / 'storage'}"
+    # every benchmark but most mods built-ins: each compiles a kernel (~10 s on 2 cores)
     first = run_pytest("--benchmark", f"--benchmark-json={report}", "--benchmark-autosave",
-                       f"--benchmark-storage={storage}", *QUICK)
+                       f"--benchmark-storage={storage}", "-k", MODS_SUBSET, *QUICK,
+                       timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     data = json.loads(report.read_text())
     benchmarks = data["benchmarks"]
@@ -54,7 +58,7 @@ def test_benchmark_json_autosave_and_compare(tmp_path):
     assert any(name.startswith("test_peer[") and name.endswith("numpy]") for name in names)
     steps = {bench["extra_info"].get("step") for bench in benchmarks}
     assert {"backward", "forward+backward"} <= steps  # the backward, both ways
-    assert {bench["extra_info"].get("mod") for bench in benchmarks} >= set(test_mods.MODS)
+    assert {bench["extra_info"].get("mod") for bench in benchmarks} == {None, "plain", "alibi"}
     for bench in benchmarks:
         info = bench["extra_info"]
         shape = f"L={info['L']} d_k={info['d_k']} H={info['heads']}/{info['kv_heads']}"
