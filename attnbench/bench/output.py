@@ -119,7 +119,6 @@ def plot(table: pd.DataFrame):
                             f"{' causal' if causal else ''}")
     left.set(xscale="log", yscale="log", xlabel="L", ylabel="median time (ms)",
              title="B=1 H=12 D=64 float32")
-    left.legend(fontsize=8)
     numba_rows = speed[speed["impl"] == "numba"]
     for peer, goal in (("torch", 0.8), ("numpy", 0.33)):
         for causal, rows in numba_rows.groupby("causal"):
@@ -132,7 +131,9 @@ def plot(table: pd.DataFrame):
     right.axhline(1, color="grey", linewidth=0.8)
     right.set(xscale="log", yscale="log", xlabel="L", ylabel="time ratio (< 1: numba faster)",
               title="numba against its peers (dotted: targets)")
-    right.legend(fontsize=8)
+    for ax in (left, right):  # no speed rows (--only backward ...): no legend either
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     lengths = sorted(speed["L"].unique())
     for ax in (left, right):  # ticks at the measured lengths, plainly labelled
         ax.set_xticks(lengths, [str(L) for L in lengths])
