@@ -13,6 +13,7 @@ from pathlib import Path
 
 from attnbench import __version__
 from attnbench.bench import run as bench_run
+from attnbench.bench.config import SECTIONS
 from attnbench.claims import ledger
 from attnbench.job import run_command, sweep_command
 from attnbench.report import build as report_build
@@ -322,13 +323,16 @@ def _add_bench(subparsers) -> None:
             "interleaved rounds (medians, IQR, ratios of medians), with GFLOP/s and % of the "
             "float32 GEMM peak measured in the same run, the error of each against the "
             "oracle, and further checks: peak extra memory at --memory-L, tiny-call latency, "
-            "key_lengths with half the keys padded, 1 thread against all, start-up of a new "
-            "process with a warm cache. On non-causal shapes the numba kernel's tile GEMMs "
-            "alone (no softmax) are timed beside it: the floor under its time. Peers that "
-            "are not installed are reported as missing. Prints the table and one verdict "
-            "per target, writes OUT/bench.csv, targets.csv, machine.json, bench.png, "
-            "bench.html and bench.md. About 7 minutes on 2 cores (--quick: about 1). Exit "
-            "status: 0 if numba ran everywhere within the "
+            "key_lengths with half the keys padded, 1 thread against all, the backward pass "
+            "against torch's autograd, the score and mask variants against the plain call, "
+            "start-up of a new process with a warm cache. On non-causal shapes the numba "
+            "kernel's tile GEMMs alone (no softmax) are timed beside it: the floor under its "
+            "time. Peers that are not installed are reported as missing. Prints the table "
+            "and one verdict per target (the backward's and the variants' from the 95% "
+            "interval of each ratio: met, missed or inconclusive), writes OUT/bench.csv, "
+            "targets.csv, machine.json, bench.png, bench.html and bench.md. About 7 minutes "
+            "on 2 cores without the backward and variants sections, which add several more "
+            "(--quick: a few minutes in all). Exit status: 0 if numba ran everywhere within the "
             "tolerance (targets met or not), 1 otherwise."),
     )
     parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",
@@ -351,11 +355,21 @@ def _add_bench(subparsers) -> None:
             ("--memory-L", "memory_length", "L of the memory check", 16384),
             ("--tiny-L", "tiny_length", "L of the tiny call (H=1)", 64),
             ("--padding-L", "padding_length", "L of the key_lengths check", 4096),
-            ("--parallel-L", "parallel_length", "L of the 1-thread check", 4096)):
+            ("--parallel-L", "parallel_length", "L of the 1-thread check", 4096),
+            ("--backward-memory-L", "backward_memory_length",
+             "L of the backward's memory check", 16384),
+            ("--window-L", "window_length", "L of the sliding-window variant", 16384),
+            ("--documents-L", "documents_length", "L of the 8-documents variant", 8192),
+            ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096)):
         parser.add_argument(flag, dest=dest, type=_positive_int, metavar="N",
                             help=f"{what} (default: {default}; --quick: smaller)")
     parser.add_argument("--float64-L", dest="float64_L", type=_positive_int, nargs="*",
                         metavar="N", help="L of the float64 rows (default: 1024; none: off)")
+    parser.add_argument("--backward-L", dest="backward_L", type=_positive_int, nargs="*",
+                        metavar="N", help="L of the backward rows (default: 1024 2048 4096)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help=f"run only these sections, from {', '.join(SECTIONS)} "
+                             "(default: all)")
     parser.add_argument("--startup-runs", dest="startup_runs", type=int, metavar="N",
                         help="fresh processes timed for start-up (default: 3; 0: skip)")
     parser.add_argument("--numpy-max-gb", dest="numpy_max_gb", type=float, metavar="GB",

@@ -130,8 +130,8 @@ def variants_section(table: pd.DataFrame, fits: pd.DataFrame | None) -> Section 
         "pairs left visible; the ideal speed-up is the plain call's visible pairs over "
         "the variant's; the speed-up is the ratio of median times (95% bootstrap interval "
         "over the samples); efficiency = speed-up / ideal. The two points were timed at "
-        "different moments of the sweep, not interleaved (attnbench bench and "
-        "scripts/bench_mods.py measure side by side).")
+        "different moments of the sweep, not interleaved (`attnbench bench --only variants` "
+        "measures them side by side).")
     tables, figures = [], []
     if not window_fit_rows.empty:
         columns = [c for c in ("backend", "quantity", "mask", "dtype", "direction", "outcome",
