@@ -13,12 +13,21 @@ from pathlib import Path
 
 from attnbench import __version__
 from attnbench.bench import run as bench_run
+from attnbench.bench.config import SECTIONS
 from attnbench.claims import ledger
 from attnbench.job import run_command, sweep_command
 from attnbench.report import build as report_build
 from attnbench.studies import params
 from attnbench.sweep.cluster import parse_cluster
-from attnbench.sweep.grid import BACKENDS, DEFAULTS, DTYPES, GRIDS, MASK_KINDS
+from attnbench.sweep.grid import (
+    BACKENDS,
+    DEFAULTS,
+    DIRECTIONS,
+    DTYPES,
+    GRIDS,
+    MASK_KINDS,
+    check_variant,
+)
 from attnbench.sweep.runner import ORACLE_LIMIT
 
 
@@ -38,14 +47,18 @@ def _add_run(subparsers) -> None:
             "Prints the table and the machine, writes OUT/agreement.csv (one row per "
             "case, dtype and backend, with the machine columns) and OUT/machine.json. "
             "Then sweep the 'quick' grid (L 256-4096 for numba and the numpy and torch peers, "
-            "to 2048 for the reference; d_k, heads and batch for numba; about 80 s on 2 "
-            "cores) into "
+            "to 2048 for the reference; d_k, heads and batch for numba; the backward pass "
+            "over L for numba and torch; causal sliding windows W 64 and 256 over L "
+            "1024-4096 and 8 equal documents for numba; about 80 s on 2 quiet cores "
+            "before the backward and variant points, which add about 0.6x that and ~20 s "
+            "compiling the two mask functions) into "
             "OUT/sweep.csv, sweep.parquet and sweep.json, fit the scaling exponents "
             "(OUT/scaling.csv), compute the attention heat maps and the studies of "
             "softmax stability, parameter arithmetic and the claims ledger "
             "(OUT/sections/), and render OUT/report.html from those files. "
             "Measured on 2 shared cores (load 5-8): the whole job 189 s with Numba's "
-            "compile cache warm, 501 s the first time (empty cache: the kernels compile). "
+            "compile cache warm, 501 s the first time (empty cache: the kernels compile), "
+            "before the backward and variant points; with them, 797 s at load 10-14. "
             "Exit status: 0 if every backend agrees everywhere and every sweep point "
             "ran (or was skipped for a stated reason) within the tolerance and every study "
             "ran, 1 otherwise, 130 if interrupted during the sweep (finished points kept)."
@@ -95,7 +108,8 @@ def _positive_int(text: str) -> int:
 
 def _add_sweep(subparsers) -> None:
     parser = subparsers.add_parser(
-        "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks",
+        "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks, "
+                      "directions and variants",
         description=(
             "Measure every point of a grid: median time and IQR, GFLOP/s (visible pairs) "
             "and % of the GEMM peak measured in the same run, peak extra memory of a call, "
@@ -104,7 +118,8 @@ def _add_sweep(subparsers) -> None:
             "shown), from --config FILE (TOML, or YAML with pyyaml: parameters at the top "
             "level, or several [[grid]] tables whose union is swept), or from --grid NAME. "
             "Backends: numba, reference, cuda (real GPU only), and the peers numpy (plain "
-            "formula) and torch (PyTorch SDPA on the CPU); one that cannot run here, or a "
+            "formula) and torch (PyTorch SDPA on the CPU); one that cannot run here or "
+            "cannot express the point (the numpy peer's backward, softcap in a peer), or a "
             "point that would need more memory than the budget, is recorded as skipped "
             "with the reason. Writes OUT/sweep.csv, sweep.parquet (if pyarrow or "
             "fastparquet is installed), sweep.json and scaling.csv, and appends each point "
@@ -129,6 +144,16 @@ def _add_sweep(subparsers) -> None:
                               "help": f"dtypes, from {', '.join(DTYPES)}"}),
         ("--backend", "backend", {"choices": BACKENDS, "metavar": "NAME",
                                   "help": f"backends, from {', '.join(BACKENDS)}"}),
+        ("--direction", "direction", {
+            "choices": DIRECTIONS, "metavar": "DIR",
+            "help": "forward (time attention) and/or backward (time attention_backward "
+                    "given the forward's out and lse; torch through autograd, numpy has "
+                    "none)"}),
+        ("--variant", "variant", {
+            "type": _variant, "metavar": "NAME",
+            "help": "attention variants (kernels.mods): none, window-W (causal sliding "
+                    "window, keys i-W..i), documents-N (N equal documents), alibi, softcap "
+                    "(cap 30); FLOPs count only visible pairs"}),
     ):
         default = DEFAULTS["d_k" if dest == "dk" else dest]
         shown = "= heads" if default == (None,) else " ".join(map(str, default))
@@ -175,6 +200,13 @@ def _add_sweep(subparsers) -> None:
                              "every sweep appends each finished point to; failed points "
                              "run again); without it a sweep starts a new journal")
     parser.set_defaults(handler=_sweep)
+
+
+def _variant(text: str) -> str:
+    try:
+        return check_variant(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cluster_spec(text: str):
@@ -291,13 +323,16 @@ def _add_bench(subparsers) -> None:
             "interleaved rounds (medians, IQR, ratios of medians), with GFLOP/s and % of the "
             "float32 GEMM peak measured in the same run, the error of each against the "
             "oracle, and further checks: peak extra memory at --memory-L, tiny-call latency, "
-            "key_lengths with half the keys padded, 1 thread against all, start-up of a new "
-            "process with a warm cache. On non-causal shapes the numba kernel's tile GEMMs "
-            "alone (no softmax) are timed beside it: the floor under its time. Peers that "
-            "are not installed are reported as missing. Prints the table and one verdict "
-            "per target, writes OUT/bench.csv, targets.csv, machine.json, bench.png, "
-            "bench.html and bench.md. About 7 minutes on 2 cores (--quick: about 1). Exit "
-            "status: 0 if numba ran everywhere within the "
+            "key_lengths with half the keys padded, 1 thread against all, the backward pass "
+            "against torch's autograd, the score and mask variants against the plain call, "
+            "start-up of a new process with a warm cache. On non-causal shapes the numba "
+            "kernel's tile GEMMs alone (no softmax) are timed beside it: the floor under its "
+            "time. Peers that are not installed are reported as missing. Prints the table "
+            "and one verdict per target (the backward's and the variants' from the 95% "
+            "interval of each ratio: met, missed or inconclusive), writes OUT/bench.csv, "
+            "targets.csv, machine.json, bench.png, bench.html and bench.md. About 7 minutes "
+            "on 2 cores without the backward and variants sections, which add several more "
+            "(--quick: a few minutes in all). Exit status: 0 if numba ran everywhere within the "
             "tolerance (targets met or not), 1 otherwise."),
     )
     parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",
@@ -320,11 +355,21 @@ def _add_bench(subparsers) -> None:
             ("--memory-L", "memory_length", "L of the memory check", 16384),
             ("--tiny-L", "tiny_length", "L of the tiny call (H=1)", 64),
             ("--padding-L", "padding_length", "L of the key_lengths check", 4096),
-            ("--parallel-L", "parallel_length", "L of the 1-thread check", 4096)):
+            ("--parallel-L", "parallel_length", "L of the 1-thread check", 4096),
+            ("--backward-memory-L", "backward_memory_length",
+             "L of the backward's memory check", 16384),
+            ("--window-L", "window_length", "L of the sliding-window variant", 16384),
+            ("--documents-L", "documents_length", "L of the 8-documents variant", 8192),
+            ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096)):
         parser.add_argument(flag, dest=dest, type=_positive_int, metavar="N",
                             help=f"{what} (default: {default}; --quick: smaller)")
     parser.add_argument("--float64-L", dest="float64_L", type=_positive_int, nargs="*",
                         metavar="N", help="L of the float64 rows (default: 1024; none: off)")
+    parser.add_argument("--backward-L", dest="backward_L", type=_positive_int, nargs="*",
+                        metavar="N", help="L of the backward rows (default: 1024 2048 4096)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help=f"run only these sections, from {', '.join(SECTIONS)} "
+                             "(default: all)")
     parser.add_argument("--startup-runs", dest="startup_runs", type=int, metavar="N",
                         help="fresh processes timed for start-up (default: 3; 0: skip)")
     parser.add_argument("--numpy-max-gb", dest="numpy_max_gb", type=float, metavar="GB",

@@ -26,12 +26,15 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.measure.intervals import parse_samples, ratio_interval
+from attnbench.measure.machine import busy_machine
+from attnbench.studies.scaling import with_parameters
 from attnbench.sweep.files import load_results
 
 __all__ = ["THRESHOLD", "command", "compare_folders", "compare_tables", "plot_ratios"]
 
 #: Point parameters a comparison joins on.
-KEYS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype"]
+KEYS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "direction",
+        "variant"]
 #: Default relative slow-down a significant change must exceed to count as a regression.
 THRESHOLD = 0.10
 #: Quantity -> (samples column, median column) of a sweep table.
@@ -65,8 +68,8 @@ def compare_tables(before: pd.DataFrame, after: pd.DataFrame, *, threshold: floa
     columns = [c for c in (samples, median) if c in before and c in after]
     if median not in columns:
         raise ValueError(f"both tables need a {median} column to compare {quantity}")
-    ok_before = before[before["status"] == "ok"][KEYS + columns]
-    ok_after = after[after["status"] == "ok"][KEYS + columns]
+    ok_before = with_parameters(before[before["status"] == "ok"])[KEYS + columns]
+    ok_after = with_parameters(after[after["status"] == "ok"])[KEYS + columns]
     joined = ok_before.merge(ok_after, on=KEYS, suffixes=("_before", "_after"))
     rows = []
     for row in joined.to_dict(orient="records"):
@@ -151,9 +154,10 @@ def _machines_note(meta_before: dict, meta_after: dict) -> str:
                      "the machines as much as the code.")
     for name, meta in (("A", meta_before), ("B", meta_after)):
         loads = [meta.get(f"load_average_1m_{when}") for when in ("start", "end")]
-        cores = (meta.get("machine") or {}).get("usable_cores")
+        machine = meta.get("machine") or {}
+        cores = machine.get("usable_cores") or machine.get("logical_cores")
         loads = [load for load in loads if load is not None]
-        if cores and loads and max(loads) > 0.5 * cores:
+        if loads and busy_machine(max(loads), cores):  # measure.machine.BUSY_LOAD_PER_CORE
             notes.append(f"Note: {name} was measured on a busy machine (1-min load up to "
                          f"{max(loads):.1f} on {cores} cores): its times include waiting "
                          "for cores other processes held.")

@@ -52,21 +52,31 @@ EXIT_INTERRUPTED = 130
 #: Columns printed for each point of a sweep.
 CONSOLE_COLUMNS = {
     "backend": "backend", "L": "L", "d_k": "d_k", "heads": "H", "kv_heads": "Hkv",
-    "batch": "B", "mask": "mask", "dtype": "dtype", "status": "status",
+    "batch": "B", "mask": "mask", "dtype": "dtype", "direction": "dir", "variant": "variant",
+    "status": "status",
     "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
     "pct_of_gemm_peak": "% GEMM", "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
 }
 
 
+def _point_label(row) -> str:
+    """``backend L=… mask dtype`` and, when not the default, direction and variant."""
+    extra = [str(getattr(row, name, "")) for name in ("direction", "variant")
+             if getattr(row, name, "") not in ("", "forward", "none")]
+    return " ".join([f"{row.backend} L={row.L} {row.mask} {row.dtype}", *extra])
+
+
 def format_points(table: pd.DataFrame) -> str:
-    """The sweep table as fixed-width text (reasons of skipped points below it)."""
+    """The sweep table as fixed-width text (below it: reasons of skipped points, faults)."""
     shown = table.assign(peak_mem_mib=table.get("peak_mem_bytes", float("nan")) / 2**20)
     shown = shown[[c for c in CONSOLE_COLUMNS if c in shown]].rename(columns=CONSOLE_COLUMNS)
     text = shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}")
     not_ok = table[table["status"] != "ok"]
-    if not not_ok.empty:
-        text += "\n" + "\n".join(f"  {row.backend} L={row.L} {row.mask} {row.dtype}: {row.reason}"
-                                 for row in not_ok.itertuples())
+    # a fault's "% GEMM" is left out ("-"): the line below says why
+    faults = table[table["fault"].fillna("") != ""] if "fault" in table else table.iloc[:0]
+    for rows, column in ((not_ok, "reason"), (faults, "fault")):
+        text += "".join(f"\n  {_point_label(row)}: {getattr(row, column)}"
+                        for row in rows.itertuples())
     return text
 
 
@@ -80,6 +90,9 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     print("Scaling (exponent [95% interval]; time: wall clock, cpu: CPU time):", file=file)
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
+        fixed += "".join(f" {value}" for value in (getattr(row, "variant", "none"),
+                                                    getattr(row, "direction", "forward"))
+                         if isinstance(value, str) and value not in ("none", "forward", ""))
         if "group" in measured:  # results of several hosts: say which
             fixed = f"{row.group}: {fixed}"
         print(f"  [{fixed}] {row.verdict}", file=file)
@@ -97,7 +110,8 @@ def _status_of_sweep(table: pd.DataFrame) -> int:
 
 #: Grid flags of ``attnbench sweep`` (argparse dest -> grid parameter).
 GRID_FLAGS = {"L": "L", "dk": "d_k", "heads": "heads", "kv_heads": "kv_heads",
-              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend"}
+              "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend",
+              "direction": "direction", "variant": "variant"}
 
 
 def grids_from_args(args) -> list[Grid]:
@@ -282,7 +296,7 @@ def claims_lines(sections) -> list[str]:
     return []
 
 
-def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
+def run_job(args, *, agreement_status: int, started: float,
             sweep_max_time: float = 0.1) -> int:
     """Everything ``attnbench run`` does after the agreement check; returns the exit status.
 
@@ -292,8 +306,6 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
         ``run``'s arguments (``out``, ``grid``, ``backends``).
     agreement_status : int
         0 if every backend agreed with the reference, else 1.
-    gemm_peaks : dict
-        dtype name -> GEMM GFLOP/s measured at the start of this run.
     started : float
         ``time.perf_counter()`` at the start of the run.
     sweep_max_time : float
@@ -312,9 +324,9 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
                   ("numpy", "torch")]
     print(f"\nSweep '{grid_name}': {points_summary(points)}", flush=True)
     threads = getattr(args, "threads", None)
-    # With fewer threads, the GEMM peak of the same thread count is the yardstick.
-    result = run_sweep(points, max_time=sweep_max_time, threads=threads,
-                       gemm_peaks=None if threads else gemm_peaks)
+    # The sweep probes the GEMM peak through its run (on its thread count); the peak is the
+    # maximum over those probes and the agreement check's (machine.gemm_peak_gflops).
+    result = run_sweep(points, max_time=sweep_max_time, threads=threads)
     written = save_results(result, out, extra_meta={
         "command": f"attnbench run --grid {args.grid}", "grid": grid_name, "threads": threads})
     print(format_points(result.table) if not result.table.empty else "(no point finished)")
@@ -351,9 +363,9 @@ def run_job(args, *, agreement_status: int, gemm_peaks: dict, started: float,
 def run_command(args) -> int:
     """``attnbench run``: the agreement table (:func:`~attnbench.sweep.agreement.run_agreement`),
     then :func:`run_job` (sweep, fits, studies, report)."""
-    status, peaks, started = run_agreement(args.out, grid=args.grid, backends=args.backends,
-                                           max_time=args.max_time)
+    status, _, started = run_agreement(args.out, grid=args.grid, backends=args.backends,
+                                       max_time=args.max_time)
     if status == 2:
         return 2
-    return run_job(args, agreement_status=status, gemm_peaks=peaks, started=started,
+    return run_job(args, agreement_status=status, started=started,
                    sweep_max_time=args.sweep_max_time)

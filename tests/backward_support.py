@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
+from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import oracle_dtype, tolerance
 from kernels.reference_backward import run_backward
 
@@ -38,24 +39,6 @@ def backward_oracle(q, k, v, dout, **kwargs):
         return tuple(g.reshape(s) for g, s in zip(grads, shapes, strict=True))
 
     return restore(exact), restore(plain)
-
-
-def lse_rounding(exact: np.ndarray, lse: np.ndarray) -> float:
-    """The error a stored log-sum-exp brings into gradients recomputed from it.
-
-    The fused backends rebuild P = exp(s - lse) from ``lse`` in the input dtype (as
-    FlashAttention does), which is off from the true value by up to half an ulp of
-    ``|lse|``: every P of that row is then scaled by up to ``1 ± ½ ulp(|lse|)``.  dV is
-    linear in P; dS = P ∘ (dP − δ) carries it through P and through δ = rowsum(dO ∘ O),
-    so the gradients move by at most ``2 · max|exact| · ½ ulp(max|lse|)``.  The plain
-    formula (softmax computed from the scores) has no such term, so a tolerance built
-    from its error alone misses it for large logits (scale = 1, |lse| ~ 10 and more).
-    """
-    finite = np.abs(lse[np.isfinite(lse)])
-    if not finite.size:
-        return 0.0
-    half_ulp = 0.5 * float(np.spacing(finite.max().astype(lse.dtype)))
-    return 2.0 * float(np.max(np.abs(exact), initial=0.0)) * half_ulp
 
 
 def assert_gradients_match(q, k, v, backend, *, dout_seed=0, pass_forward=True, **kwargs):

@@ -10,10 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchmarks import test_backward, test_mods
 from tests.benchmarks.test_attention import BACKENDS, MASKS, SHAPES
 from tests.benchmarks.test_peers import PEERS
 
+#: Benchmarks on the tiny grid: forward per backend and peer, backward per backend that
+#: has one (two timings each), and every kernels.mods built-in per backend.
+N_TINY = len(SHAPES["tiny"]) * (
+    len(MASKS) * (len(BACKENDS) + len(PEERS))
+    + len(MASKS) * len(test_backward.BACKENDS) * len(test_backward.PASSES)
+    + len(test_mods.MODS) * len(test_mods.BACKENDS))
+
 REPO = Path(__file__).resolve().parents[1]
+#: The mods benchmarks run here: the plain call and one score function.
+MODS_SUBSET = "not test_mod or plain or alibi"
 #: Short runs: the numbers are not the point here, the plumbing is.
 QUICK = ("--benchmark-max-time=0.005", "--benchmark-min-rounds=3")
 
@@ -28,16 +38,17 @@ def run_pytest(*args, timeout=300):
 
 def test_plain_pytest_deselects_the_benchmarks():
     result = run_pytest()
-    n = len(SHAPES["tiny"]) * len(MASKS) * (len(BACKENDS) + len(PEERS))
     assert result.returncode == 5, result.stdout + result.stderr  # 5: no test ran
-    assert f"{n} deselected" in result.stdout
+    assert f"{N_TINY} deselected" in result.stdout
 
 
 def test_benchmark_json_autosave_and_compare(tmp_path):
     report = tmp_path / "bench.json"
     storage = f"file://{tmp_path / 'storage'}"
+    # every benchmark but most mods built-ins: each compiles a kernel (~10 s on 2 cores)
     first = run_pytest("--benchmark", f"--benchmark-json={report}", "--benchmark-autosave",
-                       f"--benchmark-storage={storage}", *QUICK)
+                       f"--benchmark-storage={storage}", "-k", MODS_SUBSET, *QUICK,
+                       timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     data = json.loads(report.read_text())
     benchmarks = data["benchmarks"]
@@ -45,6 +56,9 @@ def test_benchmark_json_autosave_and_compare(tmp_path):
     assert len(benchmarks) >= n_kernels  # + the peers that are installed (numpy at least)
     names = {bench["name"] for bench in benchmarks}
     assert any(name.startswith("test_peer[") and name.endswith("numpy]") for name in names)
+    steps = {bench["extra_info"].get("step") for bench in benchmarks}
+    assert {"backward", "forward+backward"} <= steps  # the backward, both ways
+    assert {bench["extra_info"].get("mod") for bench in benchmarks} == {None, "plain", "alibi"}
     for bench in benchmarks:
         info = bench["extra_info"]
         shape = f"L={info['L']} d_k={info['d_k']} H={info['heads']}/{info['kv_heads']}"
@@ -57,7 +71,8 @@ def test_benchmark_json_autosave_and_compare(tmp_path):
     saved = list((tmp_path / "storage").rglob("*.json"))
     assert len(saved) == 1, saved
 
-    second = run_pytest("--benchmark", "--benchmark-compare",
+    # the comparison's plumbing needs no more than the forward benchmarks (time: CI)
+    second = run_pytest("--benchmark", "--benchmark-compare", "-k", "test_attention",
                         f"--benchmark-storage={storage}", *QUICK)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "Comparing against benchmarks from" in second.stdout + second.stderr

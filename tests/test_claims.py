@@ -110,7 +110,15 @@ def test_c05_literal_form_is_undefined_and_corrected_form_matches():
 
 
 def test_c15_onset_and_c16_threshold():
-    assert checks_softmax.c15().values["onset_d_k"] == 512
+    c15 = checks_softmax.c15()
+    assert c15.values["onset_d_k"] == 512
+    # decided from real gradients: the median query gradient shrinks below the scaled one
+    # from d_k = 512 on, and the verdict says the numbers it was decided from
+    assert c15.values["shrinks_from_d_k"] == 512
+    top = c15.values["unscaled_dq_median"][1024]
+    assert top < 0.2 * c15.values["scaled_dq_median"][1024]
+    assert f"median ‖dQ‖ row {top:.3g} unscaled" in c15.measured
+    assert "from d_k = 512" in c15.condition
     v = checks_softmax.c16().values
     assert v["[0.9, 0.1, 0.3]"]["c_star"] == pytest.approx(2.33, abs=0.01)
     assert not v["[0.9, 0.1, 0.3]"]["sharper_at_1"]

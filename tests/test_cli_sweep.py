@@ -28,6 +28,21 @@ def test_sweep_from_flags_writes_the_results_and_the_fits(tmp_path, capsys):
     assert (tmp_path / "report.html").exists()
 
 
+def test_sweep_flags_take_directions_and_variants(tmp_path, capsys):
+    status = main(["sweep", "--L", "8", "16", "--dk", "4", "--heads", "2", "--mask", "causal",
+                   "--backend", "numpy", "--direction", "forward", "backward", "--variant",
+                   "none", "alibi", "--out", str(tmp_path), *FAST])
+    assert status == 0
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert len(table) == 2 * 2 * 2
+    forward = table[table["direction"] == "forward"]
+    assert (forward["status"] == "ok").all() and set(forward["variant"]) == {"none", "alibi"}
+    backward = table[table["direction"] == "backward"]
+    assert (backward["status"] == "skipped").all()  # the numpy peer has no backward
+    printed = capsys.readouterr().out
+    assert "numpy L=8 causal float32 backward alibi: skipped: the numpy peer has no" in printed
+
+
 def test_sweep_from_a_toml_file(tmp_path):
     config = tmp_path / "grid.toml"
     config.write_text("[[grid]]\nL = [8, 16]\nd_k = 4\nheads = 1\nbackend = 'numpy'\n")
@@ -42,6 +57,8 @@ USAGE_ERRORS = [
     (["--mask", "diagonal"], "invalid choice: 'diagonal'"),
     (["--backend", "jax"], "invalid choice: 'jax'"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--direction", "sideways"], "invalid choice: 'sideways'"),
+    (["--variant", "window"], "variant 'window' is unknown; expected one of none, window-W"),
 ]
 
 

@@ -96,3 +96,22 @@ def test_notes_say_when_machines_differ_or_were_busy():
     assert _machines_note(quiet, quiet) == ""
     assert "B was measured on a busy machine" in _machines_note(quiet, busy)
     assert "different machines (X / Y)" in _machines_note(quiet, other)
+
+
+@pytest.mark.parametrize("cores, load, busy", [
+    (2, 1.2, False),  # the run on one or two cores and a shell: not busy on 2 cores
+    (2, 2.0, False),  # as many runnable processes as cores: none waited
+    (2, 2.5, True),  # more than one runnable process per core: some waited
+    (16, 9.0, False),
+    (16, 17.0, True),
+])
+def test_busy_means_more_runnable_processes_than_cores(cores, load, busy):
+    from attnbench.compare import _machines_note
+
+    quiet = {"load_average_1m_start": 0.1, "load_average_1m_end": 0.1,
+             "machine": {"cpu_model": "X", "usable_cores": cores}}
+    loaded = {**quiet, "load_average_1m_start": load}
+    assert ("A was measured on a busy machine" in _machines_note(loaded, quiet)) is busy
+    # without the affinity count, the logical cores decide
+    logical = {**loaded, "machine": {"cpu_model": "X", "logical_cores": cores}}
+    assert ("A was measured on a busy machine" in _machines_note(logical, quiet)) is busy

@@ -1,4 +1,11 @@
-"""``attnbench run --grid tiny`` end to end: the files it writes, and the report in a browser.
+"""``attnbench run --grid tiny`` end to end, under load: the files it writes, that it reports
+no impossible figure, and the report in a browser.
+
+The run shares its machine with a busy loop (a process spinning on one core), as on a
+shared server: every check below holds under that load, and none of the figures printed
+or written may be impossible (a % of the GEMM peak above 100 is a measurement fault, said
+as such; a speed-up above the thread count likewise); every timed row carries its noise
+flags.
 
 The browser check needs Chromium (``.ci/run`` installs it with apt-get where it can);
 without it that test is skipped and says so.  Everything is written under pytest's
@@ -6,9 +13,14 @@ temporary folders; set ``ATTNBENCH_SCREENSHOT=/some/file.png`` to keep a screens
 the page.
 """
 
+import contextlib
+import io
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -22,12 +34,80 @@ from tests.test_report import assert_self_contained
 TONES = {"ok", "warn", "bad", "none"}
 
 
+@contextlib.contextmanager
+def busy_loop():
+    """A process spinning on one core for the duration of the block."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def loaded_run(tmp_path_factory):
+    """``attnbench run --grid tiny`` beside a busy loop: (status, folder, printed text)."""
     out = tmp_path_factory.mktemp("run") / "reports"
-    status = main(["run", "--grid", "tiny", "--out", str(out), "--max-time", "0.005",
-                   "--sweep-max-time", "0.005"])
-    return status, out
+    printed = io.StringIO()
+    with busy_loop() as spinner, contextlib.redirect_stdout(printed):
+        status = main(["run", "--grid", "tiny", "--out", str(out), "--max-time", "0.005",
+                       "--sweep-max-time", "0.005"])
+        assert spinner.poll() is None  # the load lasted the whole run
+    return status, out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(loaded_run):
+    return loaded_run[:2]
+
+
+def printed_column(text: str, header: str) -> list[float]:
+    """Numbers printed in the column ``header`` of every fixed-width table in ``text``."""
+    values, end = [], None
+    for line in text.splitlines():
+        if header in line:
+            end = line.index(header) + len(header)  # the columns are right-aligned
+        elif not line.strip():
+            end = None
+        elif end is not None and len(line) >= end and line[:end].split():
+            with contextlib.suppress(ValueError):
+                values.append(float(line[:end].split()[-1]))
+    return values
+
+
+def test_no_impossible_figure_is_reported_under_load(loaded_run):
+    status, out, printed = loaded_run
+    assert status == 0
+    # Printed: every "% GEMM" of the agreement and the sweep tables is a possible one.
+    shown = printed_column(printed, "% GEMM")
+    assert len(shown) >= 20 and max(shown) <= 100, shown
+    # Written: no percentage above 100; one that was is empty, with the fault said.
+    for name in ("agreement.csv", "sweep.csv"):
+        table = pd.read_csv(out / name, dtype={"fault": "string"})
+        ok = table[table["pct_of_gemm_peak"].notna()]
+        assert (ok["pct_of_gemm_peak"] <= 100).all(), name
+        faulted = table[table["fault"].fillna("") != ""]
+        assert faulted["pct_of_gemm_peak"].isna().all(), name
+        assert faulted["fault"].str.startswith("measurement fault").all(), name
+        for row in faulted.itertuples():  # ... and printed
+            assert row.fault in printed
+    # No speed-up above the thread count ("N threads vs 1: X×"), printed or in the report.
+    page = (out / "report.html").read_text()
+    for threads, speedup in re.findall(r"(\d+) threads vs 1\D{0,40}?([\d.]+)×", printed + page):
+        assert float(speedup) <= int(threads), (threads, speedup)
+    # Every timed sweep row carries its noise flags and how many samples it took.
+    sweep = pd.read_csv(out / "sweep.csv")
+    timed = sweep[sweep["status"] == "ok"]
+    assert timed["noisy"].isin([True, False]).all()
+    assert timed["remeasured"].isin([True, False]).all()
+    assert (timed["samples_taken"] >= 6).all() and timed["probe_slowdown"].notna().all()
+    # The GEMM peak is the best of several probes through the run, and says so.
+    meta = json.loads((out / "sweep.json").read_text())
+    probes = meta["machine"]["gemm_peak_probes"]
+    float32 = [entry for key, entry in probes.items() if key.startswith("float32 n=1024 ")]
+    assert float32 and max(entry["probes"] for entry in float32) >= 5
+    assert meta["gemm_peak_gflops"]["float32"] == max(entry["gflops"] for entry in float32)
 
 
 def test_run_writes_every_file_and_exits_0(tiny_run):

@@ -4,7 +4,15 @@ import importlib.util
 
 import pytest
 
-from attnbench.sweep.grid import GRIDS, Grid, Point, expand, grid_from_mapping, load_grid_file
+from attnbench.sweep.grid import (
+    GRIDS,
+    Grid,
+    Point,
+    expand,
+    grid_from_mapping,
+    load_grid_file,
+    parse_variant,
+)
 
 
 def test_a_grid_is_the_product_of_its_values_with_kv_heads_defaulting_to_heads():
@@ -31,6 +39,12 @@ BAD_MAPPINGS = [
     ({"backend": ["jax"]}, ["backend", "jax", "numba"]),
     ({"seq_len": [4]}, ["unknown parameter", "seq_len", "d_k"]),
     ({"L": []}, ["L", "no values"]),
+    ({"direction": ["sideways"]}, ["direction", "sideways", "backward"]),
+    ({"variant": ["window"]}, ["variant", "window", "window-W"]),
+    ({"variant": ["documents-0"]}, ["variant", "documents-0", "documents-N"]),
+    ({"variant": ["window--3"]}, ["variant", "window--3"]),
+    ({"variant": ["relative"]}, ["variant", "relative", "alibi"]),
+    ({"variant": []}, ["variant", "no values"]),
 ]
 
 
@@ -98,3 +112,47 @@ def test_named_grids_are_valid_and_the_tiny_one_is_small():
     for name, grids in GRIDS.items():
         assert expand(grids), name
     assert max(point.L for point in expand(GRIDS["tiny"])) <= 64
+
+
+def test_direction_and_variant_axes_multiply_the_points_and_default_to_forward_plain():
+    grid = grid_from_mapping({"L": [16, 32], "backend": "numba",
+                              "directions": ["forward", "backward"],
+                              "variants": ["none", "window-4", "documents-2", "alibi",
+                                           "softcap"]})
+    points = grid.points()
+    assert len(points) == 2 * 2 * 5
+    assert Point("numba", 32, 64, 4, 4, 1, "none", "float32", "backward", "window-4") in points
+    plain = Grid(L=(16,), backend=("numba",)).points()[0]
+    assert (plain.direction, plain.variant) == ("forward", "none")
+    assert "window-4 backward" in Point("numba", 8, 4, 1, 1, 1, "none", "float32",
+                                        "backward", "window-4").label()
+
+
+@pytest.mark.parametrize("name, parsed", [("none", ("none", None)), ("window-0", ("window", 0)),
+                                          ("window-256", ("window", 256)),
+                                          ("documents-8", ("documents", 8)),
+                                          ("alibi", ("alibi", None))])
+def test_variant_names_are_parsed(name, parsed):
+    assert parse_variant(name) == parsed
+
+
+def test_grid_files_take_the_new_axes(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text("[[grid]]\nL = [16, 32]\nbackend = 'numba'\ndirection = 'backward'\n\n"
+                    "[[grid]]\nL = 64\nmask = 'causal'\nvariant = ['window-8', 'window-16']\n"
+                    "backend = 'numba'\n")
+    points = expand(load_grid_file(path))
+    assert [(p.L, p.direction, p.variant) for p in points] == [
+        (16, "backward", "none"), (32, "backward", "none"), (64, "forward", "window-8"),
+        (64, "forward", "window-16")]
+
+
+def test_the_quick_grid_sweeps_the_backward_and_windows_over_enough_lengths():
+    points = expand(GRIDS["quick"])
+    backward = {p.L for p in points if p.direction == "backward" and p.backend == "numba"}
+    windows = {(p.L, p.variant) for p in points if p.variant.startswith("window-")}
+    assert len(backward) >= 7 and max(backward) / min(backward) >= 16
+    assert len({L * int(v.split("-")[1]) for L, v in windows}) >= 7  # distinct L·W
+    plain_causal = {p.L for p in points if p.backend == "numba" and p.variant == "none"
+                    and p.mask == "causal" and p.direction == "forward"}
+    assert {L for L, _ in windows} <= plain_causal  # each window has its plain partner

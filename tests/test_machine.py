@@ -5,8 +5,10 @@ import math
 
 import numpy as np
 
+from attnbench.measure import machine
 from attnbench.measure.machine import (
     gemm_peak_gflops,
+    gemm_peak_record,
     machine_columns,
     machine_record,
     summary_lines,
@@ -65,3 +67,36 @@ def test_gemm_peak_is_a_positive_throughput():
     for dtype in (np.float32, np.float64):
         peak = gemm_peak_gflops(dtype, n=128, repeat=3, max_time=0.2)
         assert math.isfinite(peak) and peak > 0
+
+
+def test_gemm_peak_is_the_best_probe_and_the_record_counts_the_probes(monkeypatch):
+    # Products of n=96 (2·96³ = 1.77e6 FLOPs) read 1 ms quiet, then 3 ms while disturbed,
+    # then 0.9 ms: the peak never drops to the disturbed reading.
+    n, flops = 96, 2 * 96**3
+    fastest = iter([1e-3, 3e-3, 0.9e-3])
+
+    class FakeTiming:
+        def __init__(self, seconds):
+            self.min = seconds
+
+    monkeypatch.setattr(machine, "_PEAK_READINGS", {})
+    monkeypatch.setattr(machine, "measure", lambda *a, **k: FakeTiming(next(fastest)))
+    peaks = [gemm_peak_gflops(np.float32, n=n) for _ in range(3)]
+    expected = [flops / 1e-3 / 1e9, flops / 1e-3 / 1e9, flops / 0.9e-3 / 1e9]
+    assert np.allclose(peaks, expected)
+    (key, entry), = gemm_peak_record().items()
+    assert key.startswith("float32 n=96 blas_threads=")
+    assert entry["probes"] == 3 and math.isclose(entry["gflops"], expected[-1])
+    assert np.allclose(entry["readings"], [flops / t / 1e9 for t in (1e-3, 3e-3, 0.9e-3)],
+                       rtol=1e-3)
+    assert machine_record()["gemm_peak_probes"] == gemm_peak_record()  # in the record
+
+
+def test_busy_means_more_runnable_processes_than_cores():
+    from attnbench.measure.machine import busy_machine
+
+    assert not busy_machine(1.2, 2)  # the run itself and a shell, on 2 cores
+    assert not busy_machine(2.0, 2)
+    assert busy_machine(2.5, 2)
+    assert not busy_machine(9.0, 16) and busy_machine(17.0, 16)
+    assert not busy_machine(50.0, None)  # unknown cores: no claim

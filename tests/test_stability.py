@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kernels
-from attnbench.studies import stability
+from attnbench.studies import stability, stability_gradients
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,52 @@ def test_sections_render_inputs():
     sections = stability.section()
     assert [s.anchor for s in sections] == ["stability", "temperature", "overflow"]
     assert all(s.tables or s.figures for s in sections)
+
+
+# --- measured gradients (attnbench.studies.stability_gradients) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def gradients():
+    return stability_gradients.gradient_study((4, 64, 1024), n_queries=64, n_keys=32)
+
+
+def test_gradients_are_the_backward_kernels(gradients):
+    """The numba backward's row norms equal the reference backward's on the same draw."""
+    reference = stability_gradients.gradient_study((4, 64, 1024), n_queries=64, n_keys=32,
+                                                   backend="reference")
+    columns = ["dq_norm_median", "dk_norm_median", "dq_norm_mean", "dk_norm_mean"]
+    np.testing.assert_allclose(gradients[columns], reference[columns], rtol=1e-9)
+    assert gradients["dq_vanishing_fraction"].equals(reference["dq_vanishing_fraction"])
+
+
+def test_unscaled_gradients_vanish_row_by_row(gradients):
+    raw = gradients[~gradients["scaled"]].set_index("d_k")
+    scaled = gradients[gradients["scaled"]].set_index("d_k")
+    # the scale keeps a typical row's gradient at the same size for every d_k
+    assert scaled["dq_norm_median"].max() < 2 * scaled["dq_norm_median"].min()
+    assert (scaled["dq_vanishing_fraction"] == 0).all()
+    # without it: larger at small d_k (no 1/sqrt(d_k)), far smaller once rows saturate
+    assert raw.loc[4, "dq_norm_median"] > scaled.loc[4, "dq_norm_median"]
+    assert raw.loc[1024, "dq_norm_median"] < 0.2 * scaled.loc[1024, "dq_norm_median"]
+    assert raw.loc[1024, "dq_vanishing_fraction"] > raw.loc[4, "dq_vanishing_fraction"]
+
+
+def test_one_hot_row_has_no_query_gradient():
+    """A row that puts all its weight on one key gets dq = 0 (dS = P(dP - rowsum) = 0)."""
+    q = np.array([[50.0, 0.0]])
+    k = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    v = np.eye(3)[:, :2]
+    dq, _, _ = kernels.attention_backward(q, k, v, np.ones((1, 2)), scale=1.0,
+                                          backend="numba")
+    assert np.abs(dq).max() < 1e-15
+
+
+def test_stability_section_shows_the_gradients(gradients):
+    sections = stability.section(gradients=gradients)
+    first = sections[0]
+    captions = [caption for caption, _ in first.tables]
+    assert captions[0].startswith("Statistics per d_k")  # the summary card reads this one
+    assert any("attention_backward" in caption for caption in captions)
+    assert len(first.figures) == 2
+    assert "Measured through the backward kernel" in first.text

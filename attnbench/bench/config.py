@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
+
 #: Implementations compared, in table order.
 IMPLS = ("numba", "torch", "numpy")
 #: The numba kernel's tile GEMMs alone (:mod:`attnbench.bench.gemm_floor`), timed beside it on
@@ -12,11 +14,15 @@ FLOOR = "gemm floor"
 #: Columns of the bench table, in order (then the machine columns).
 COLUMNS = (
     "section", "impl", "variant", "B", "H", "L", "D", "causal", "dtype", "threads", "status",
-    "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "number", "calls", "gflops",
+    "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "number", "calls",
+    "samples_ms", "gflops",
     "pct_of_gemm_peak", "vs_torch", "vs_numpy", "max_abs_err", "tolerance", "within_tolerance",
     "extra_mib",
     "rss_extra_mib", "load_1m",
 )
+#: Sections of ``attnbench bench``, in the order they run (``--only`` picks some).
+SECTIONS = ("speed", "peak", "float64", "memory", "tiny", "causal", "padding", "parallel",
+            "backward", "variants", "startup")
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
 
@@ -44,6 +50,15 @@ class BenchConfig:
     error_rows: int = 256  # queries of head 0 compared with the oracle
     numpy_max_gb: float = 6.0  # skip the numpy peer when its L x L arrays need more
     peers: tuple[str, ...] = ("torch", "numpy")  # peers compared with numba
+    backward_lengths: tuple[int, ...] = (1024, 2048, 4096)  # L of the backward section
+    backward_memory_length: int = 16384  # L of the backward's memory check
+    window_length: int = 16384  # L of the sliding-window variant (left = window_left, causal)
+    window_left: int = 256
+    documents_length: int = 8192  # L of the documents variant (n_documents equal ones)
+    n_documents: int = 8
+    score_length: int = 4096  # L of the ALiBi and softcap variants
+    sections: tuple[str, ...] = SECTIONS  # sections run (--only)
+    interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
 
     def speed_lengths(self) -> tuple[int, ...]:
@@ -53,7 +68,8 @@ class BenchConfig:
 #: ``--quick``: the same checks on shapes that take ~1 minute on 2 cores.
 QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_lengths=(512,),
                     rounds=3, memory_length=2048, padding_length=1024, parallel_length=1024,
-                    startup_runs=1, quick=True)
+                    startup_runs=1, backward_lengths=(256, 512), backward_memory_length=2048,
+                    window_length=4096, documents_length=2048, score_length=1024, quick=True)
 
 
 def config_from_args(args) -> BenchConfig:
@@ -68,7 +84,9 @@ def config_from_args(args) -> BenchConfig:
     if args.causal != "both":
         changes["causal"] = (args.causal == "yes",)
     for name in ("rounds", "threads", "memory_length", "padding_length", "parallel_length",
-                 "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb"):
+                 "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb",
+                 "backward_memory_length", "window_length", "documents_length",
+                 "score_length"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -76,6 +94,10 @@ def config_from_args(args) -> BenchConfig:
         changes["float64_lengths"] = tuple(args.float64_L)
     if args.peers is not None:
         changes["peers"] = tuple(args.peers)
+    if getattr(args, "backward_L", None) is not None:
+        changes["backward_lengths"] = tuple(args.backward_L)
+    if getattr(args, "only", None):
+        changes["sections"] = tuple(name for name in SECTIONS if name in args.only)
     return replace(config, **changes)
 
 
@@ -90,7 +112,14 @@ def command_line(config: BenchConfig) -> str:
              "--memory-L", str(config.memory_length), "--tiny-L", str(config.tiny_length),
              "--padding-L", str(config.padding_length),
              "--parallel-L", str(config.parallel_length),
-             "--startup-runs", str(config.startup_runs), "--peers", *config.peers]
+             "--startup-runs", str(config.startup_runs), "--peers", *config.peers,
+             "--backward-L", *map(str, config.backward_lengths),
+             "--backward-memory-L", str(config.backward_memory_length),
+             "--window-L", str(config.window_length),
+             "--documents-L", str(config.documents_length),
+             "--score-L", str(config.score_length)]
+    if tuple(config.sections) != SECTIONS:
+        words += ["--only", *config.sections]
     if config.threads:
         words += ["--threads", str(config.threads)]
     if config.quick:

@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.bench.config import COLUMNS, FLOOR
+from attnbench.bench.interval_targets import INCONCLUSIVE
 from attnbench.measure.machine import machine_columns, summary_lines
 from attnbench.report.html import write_html
 from attnbench.report.sections import Section
@@ -40,7 +41,8 @@ def format_table(table: pd.DataFrame) -> str:
 
 def format_targets(targets: pd.DataFrame) -> str:
     shown = targets.copy()
-    shown["met"] = shown["met"].map({True: "met", False: "MISSED", None: "n/a"})
+    shown["met"] = shown["met"].map({True: "met", False: "MISSED", None: "n/a",
+                                      INCONCLUSIVE: INCONCLUSIVE})
     return shown.to_string(index=False)
 
 
@@ -93,7 +95,8 @@ def format_markdown(table: pd.DataFrame, targets: pd.DataFrame, meta: dict,
         f"rounds (interquartile range in brackets); \"GEMMs alone\" is numba's two tile "
         f"GEMMs without the softmax (the floor under its time).")
     shown_targets = targets.assign(met=targets["met"].map({True: "met", False: "**missed**",
-                                                           None: "n/a"}))
+                                                           None: "n/a",
+                                                           INCONCLUSIVE: INCONCLUSIVE}))
     shown_targets = shown_targets.fillna("")
     return "\n\n".join([header, _markdown(pd.DataFrame(rows)),
                          _markdown(shown_targets[["target", "measured", "goal", "met", "note"]])]
@@ -116,7 +119,6 @@ def plot(table: pd.DataFrame):
                             f"{' causal' if causal else ''}")
     left.set(xscale="log", yscale="log", xlabel="L", ylabel="median time (ms)",
              title="B=1 H=12 D=64 float32")
-    left.legend(fontsize=8)
     numba_rows = speed[speed["impl"] == "numba"]
     for peer, goal in (("torch", 0.8), ("numpy", 0.33)):
         for causal, rows in numba_rows.groupby("causal"):
@@ -129,7 +131,9 @@ def plot(table: pd.DataFrame):
     right.axhline(1, color="grey", linewidth=0.8)
     right.set(xscale="log", yscale="log", xlabel="L", ylabel="time ratio (< 1: numba faster)",
               title="numba against its peers (dotted: targets)")
-    right.legend(fontsize=8)
+    for ax in (left, right):  # no speed rows (--only backward ...): no legend either
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     lengths = sorted(speed["L"].unique())
     for ax in (left, right):  # ticks at the measured lengths, plainly labelled
         ax.set_xticks(lengths, [str(L) for L in lengths])

@@ -21,7 +21,7 @@ A peer that is not installed is reported as missing (a row with that status), no
 dropped.  torch is imported before Numba's OpenMP threading layer starts: imported
 after it, then given ``torch.set_num_threads``, torch's SDPA ran 5x slower here (L=1024:
 110-118 ms against 20-21 ms; torch 2.13, Numba 0.68 with the omp layer), which would
-flatter numba.  Sections of the table (column ``section``):
+flatter numba.  Sections of the table (column ``section``; ``--only`` runs some):
 
 - ``speed``: B=1, H=12, D=64, every L, causal and not: time, GFLOP/s (visible pairs,
   :mod:`attnbench.measure.flops`), % of the float32 GEMM peak measured in this run
@@ -40,6 +40,11 @@ flatter numba.  Sections of the table (column ``section``):
   (the causal speed-up target);
 - ``padding``: numba with half the keys padded through ``key_lengths`` against none;
 - ``parallel``: numba on 1 thread against all of them;
+- ``backward``: the numba backward (``out`` and ``lse`` given) against torch's autograd
+  through SDPA, and against numba's forward, causal and not, at ``backward_lengths``;
+  the extra memory of one backward call (:mod:`attnbench.bench.backward`);
+- ``variants``: sliding window, documents, ALiBi and softcap against the plain call
+  (:mod:`attnbench.bench.variants`);
 - ``startup``: a new Python process, Numba's cache warm: ``import kernels`` and the first
   call (of the parallel kernel), timed inside the process; the whole process beside it.
 
@@ -61,6 +66,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from attnbench.bench.backward import backward_section
 from attnbench.bench.config import (
     COLUMNS,
     BenchConfig,
@@ -78,6 +84,7 @@ from attnbench.bench.sections import (
     tiny_section,
 )
 from attnbench.bench.targets import targets_table
+from attnbench.bench.variants import variants_section
 from attnbench.measure import peers
 from attnbench.measure.machine import (
     gemm_peak_gflops,
@@ -96,6 +103,53 @@ from attnbench.measure.timing import fault
 
 def _gemm_peaks() -> dict[str, float]:
     return {np.dtype(t).name: gemm_peak_gflops(t) for t in (np.float32, np.float64)}
+
+
+def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
+                    progress: Callable[[str], None]) -> list[dict]:
+    """The rows of every section of ``config.sections`` but start-up, in order."""
+    run = set(config.sections)
+    rows: list[dict] = []
+    D, B, H = config.head_size, config.batch, config.heads
+    for L in config.speed_lengths() if "speed" in run else ():
+        for causal in config.causal:
+            progress(f"speed   L={L} D={D} {'causal' if causal else 'non-causal'}")
+            rows += compare_section("speed", config, B=B, H=H, L=L, D=D, causal=causal,
+                                    dtype=np.float32, threads=threads, peaks=peaks)
+    for D_peak in config.peak_head_sizes if "peak" in run else ():
+        if D_peak == config.head_size and False in config.causal and "speed" in run:
+            continue  # measured by the speed section
+        for L in config.speed_lengths():
+            if L >= config.peak_min_length:
+                progress(f"peak    L={L} D={D_peak} non-causal")
+                rows += compare_section("peak", config, B=B, H=H, L=L, D=D_peak, causal=False,
+                                        dtype=np.float32, threads=threads, peaks=peaks,
+                                        impls=("numba", "torch"))
+    for L in config.float64_lengths if "float64" in run else ():
+        for causal in config.causal:
+            progress(f"float64 L={L} {'causal' if causal else 'non-causal'}")
+            rows += compare_section("float64", config, B=B, H=H, L=L, D=D, causal=causal,
+                                    dtype=np.float64, threads=threads, peaks=peaks)
+    if "memory" in run:
+        progress(f"memory  L={config.memory_length}")
+        rows += memory_section(config, threads)
+    if "tiny" in run:
+        progress(f"tiny    L={config.tiny_length} H=1")
+        rows += tiny_section(config, threads)
+    if "causal" in run and True in config.causal and False in config.causal:
+        progress(f"causal  numba causal vs non-causal, L >= {config.peak_min_length}")
+        rows += causal_section(config, threads, peaks)
+    if "padding" in run:
+        progress(f"padding L={config.padding_length}")
+        rows += padding_section(config, threads, peaks)
+    if "parallel" in run:
+        progress(f"parallel L={config.parallel_length}: 1 vs {threads} threads")
+        rows += parallel_section(config, threads, peaks)
+    if "backward" in run and config.backward_lengths:
+        rows += backward_section(config, threads, progress)
+    if "variants" in run:
+        rows += variants_section(config, threads, progress)
+    return rows
 
 
 def run_bench(config: BenchConfig | None = None, *,
@@ -130,40 +184,11 @@ def run_bench(config: BenchConfig | None = None, *,
         progress(f"GEMM peak (numpy matmul, {threads} threads) ...")
         before = _gemm_peaks()
         peaks = dict(before)
-        D, B, H = config.head_size, config.batch, config.heads
-        for L in config.speed_lengths():
-            for causal in config.causal:
-                progress(f"speed   L={L} D={D} {'causal' if causal else 'non-causal'}")
-                rows += compare_section("speed", config, B=B, H=H, L=L, D=D, causal=causal,
-                                        dtype=np.float32, threads=threads, peaks=peaks)
-        for D_peak in config.peak_head_sizes:
-            if D_peak == config.head_size and False in config.causal:
-                continue  # measured by the speed section
-            for L in config.speed_lengths():
-                if L >= config.peak_min_length:
-                    progress(f"peak    L={L} D={D_peak} non-causal")
-                    rows += compare_section("peak", config, B=B, H=H, L=L, D=D_peak, causal=False,
-                                            dtype=np.float32, threads=threads, peaks=peaks,
-                                            impls=("numba", "torch"))
-        for L in config.float64_lengths:
-            for causal in config.causal:
-                progress(f"float64 L={L} {'causal' if causal else 'non-causal'}")
-                rows += compare_section("float64", config, B=B, H=H, L=L, D=D, causal=causal,
-                                        dtype=np.float64, threads=threads, peaks=peaks)
-        progress(f"memory  L={config.memory_length}")
-        rows += memory_section(config, threads)
-        progress(f"tiny    L={config.tiny_length} H=1")
-        rows += tiny_section(config, threads)
-        if True in config.causal and False in config.causal:
-            progress(f"causal  numba causal vs non-causal, L >= {config.peak_min_length}")
-            rows += causal_section(config, threads, peaks)
-        progress(f"padding L={config.padding_length}")
-        rows += padding_section(config, threads, peaks)
-        progress(f"parallel L={config.parallel_length}: 1 vs {threads} threads")
-        rows += parallel_section(config, threads, peaks)
+        rows += _timed_sections(config, threads, peaks, progress)
         after = _gemm_peaks()
-    progress("startup (fresh processes) ...")
-    rows += startup_section(config, threads)
+    if "startup" in config.sections:
+        progress("startup (fresh processes) ...")
+        rows += startup_section(config, threads)
 
     used = {name: max(before[name], after[name]) for name in before}
     table = pd.DataFrame(rows, columns=list(COLUMNS))

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.bench.config import FLOOR, TARGET_COLUMNS, BenchConfig
+from attnbench.bench.interval_targets import backward_targets, variant_targets
 from attnbench.measure.timing import fault
 
 # --- the targets ------------------------------------------------------------------------------
@@ -19,11 +20,9 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
     """One row per target: what was measured, the goal and whether it is met.
 
     A target whose rows are missing (a peer not installed, a section skipped) has
-    ``met = None`` and says why in ``note``.
+    ``met = None`` and says why in ``note``; the backward's and the variants' targets
+    (:mod:`attnbench.bench.interval_targets`) may also be ``"inconclusive"``.
     """
-    ok = table["status"] == "ok"
-    speed = table[(table["section"] == "speed") & ok]
-    numba_speed = speed[speed["impl"] == "numba"]
     quick = " (quick run: not the targets' shapes)" if config.quick else ""
     targets = []
 
@@ -31,6 +30,24 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
                         "met": met, "note": note + quick})
 
+    if set(config.sections) - {"backward", "variants"}:  # a forward section ran
+        _forward_targets(table, config, add)
+    if "backward" in config.sections:
+        for target in backward_targets(table, config.causal):
+            add(target["target"], target["shape"], target["measured"], target["goal"],
+                target["met"], target["note"])
+    if "variants" in config.sections:
+        for target in variant_targets(table, config):
+            add(target["target"], target["shape"], target["measured"], target["goal"],
+                target["met"], target["note"])
+    return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))
+
+
+def _forward_targets(table: pd.DataFrame, config: BenchConfig, add) -> None:
+    """The forward's targets, each passed to ``add(target, shape, values, goal, met, note)``."""
+    ok = table["status"] == "ok"
+    speed = table[(table["section"] == "speed") & ok]
+    numba_speed = speed[speed["impl"] == "numba"]
     floor = speed[speed["impl"] == FLOOR].set_index("L")
 
     def floor_note(peer, lengths):
@@ -111,4 +128,3 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         f"{len(numba_rows) - len(bad)}/{len(numba_rows)} within; worst err/tol "
         f"{(numba_rows['max_abs_err'] / numba_rows['tolerance']).max():.2f}",
         "all", bool(bad.empty) if len(numba_rows) else None)
-    return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))

@@ -11,7 +11,7 @@ import numpy as np
 
 import kernels
 from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
-from attnbench.studies import stability
+from attnbench.studies import stability, stability_gradients
 
 #: The sources' example scores (article 004) and the weights it says softmax gives.
 EXAMPLE_SCORES = (0.9, 0.1, 0.3)
@@ -215,47 +215,67 @@ def c14() -> Result:
 
 
 def c15() -> Result:
-    """Rule (scaling study, L = 128 keys): "nearly one-hot" is a row whose largest weight
-    exceeds 0.99; "vanishing gradient" a row whose Jacobian ‖diag(p) − ppᵀ‖_F is below 0.01.
-    If at the largest d_k most unscaled rows are both while no scaled row is at any d_k, the
-    claim holds at large d_k; the smallest d_k where most unscaled rows are nearly one-hot
-    sets the condition (holds if that is the smallest d_k studied, holds-with-caveat
-    otherwise).  does-not-hold if unscaled rows do not saturate at any d_k."""
+    """Rule (scaling study, L = 128 keys, and real gradients through
+    :func:`kernels.attention_backward`, :mod:`attnbench.studies.stability_gradients`):
+    "nearly one-hot" is a row whose largest weight exceeds 0.99; the gradient is the row
+    norm of dQ measured with and without the 1/√d_k scale.  does-not-hold if unscaled rows
+    do not saturate at the largest d_k (most rows one-hot, none scaled), or if there the
+    median unscaled ‖dQ‖ row is not below the scaled one.  holds if moreover the median
+    unscaled ‖dQ‖ is below the scaled one at every d_k and most unscaled rows vanish
+    (below 1% of the scaled median) at the largest; holds-with-caveat otherwise, with the
+    d_k from which the median falls below the scaled one and what does not shrink."""
     study = stability.scaling_study()
     raw = study[~study["scaled"]].set_index("d_k").sort_index()
     scaled = study[study["scaled"]].set_index("d_k").sort_index()
+    grads = stability_gradients.gradient_study(stability.D_K_VALUES)
+    graw = grads[~grads["scaled"]].set_index("d_k").sort_index()
+    gscaled = grads[grads["scaled"]].set_index("d_k").sort_index()
     top = raw.index.max()
     saturates = raw.loc[top, "one_hot_fraction"] > 0.5 and scaled["one_hot_fraction"].max() == 0
-    vanishes = (raw.loc[top, "small_gradient_fraction"] > 0.5
-                and scaled["small_gradient_fraction"].max() == 0)
+    below = graw["dq_norm_median"] < gscaled["dq_norm_median"]
     majority = raw.index[raw["one_hot_fraction"] > 0.5]
     onset = int(majority.min()) if len(majority) else None
-    larger = raw.index[raw["jacobian_fro_mean"] > scaled["jacobian_fro_mean"]]
-    values = {"onset_d_k": onset,
+    shrink_from = None  # the smallest d_k from which the median stays below the scaled one
+    for d_k in reversed(below.index):
+        if not below[d_k]:
+            break
+        shrink_from = int(d_k)
+    values = {"onset_d_k": onset, "shrinks_from_d_k": shrink_from,
               "unscaled_one_hot": raw["one_hot_fraction"].round(4).to_dict(),
-              "unscaled_small_gradient": raw["small_gradient_fraction"].round(4).to_dict(),
-              "unscaled_jacobian_mean": raw["jacobian_fro_mean"].round(4).to_dict(),
-              "scaled_jacobian_mean": scaled["jacobian_fro_mean"].round(4).to_dict(),
-              "d_k_where_unscaled_gradient_is_larger": [int(d) for d in larger]}
-    measured = (f"unscaled, d_k = {top}: {raw.loc[top, 'one_hot_fraction']:.0%} of rows nearly "
-                f"one-hot, {raw.loc[top, 'small_gradient_fraction']:.0%} with ‖J‖_F < 0.01 "
-                f"(median {raw.loc[top, 'jacobian_fro_median']:.4f}); scaled: 0% and 0% "
-                f"(median {scaled.loc[top, 'jacobian_fro_median']:.3f}); at d_k = 64: "
-                f"{raw.loc[64, 'one_hot_fraction']:.0%} one-hot, mean ‖J‖_F unscaled "
-                f"{raw.loc[64, 'jacobian_fro_mean']:.3f} vs scaled "
-                f"{scaled.loc[64, 'jacobian_fro_mean']:.3f}")
-    if not (saturates and vanishes):
+              "unscaled_dq_median": graw["dq_norm_median"].round(4).to_dict(),
+              "scaled_dq_median": gscaled["dq_norm_median"].round(4).to_dict(),
+              "unscaled_dq_mean": graw["dq_norm_mean"].round(4).to_dict(),
+              "unscaled_dk_median": graw["dk_norm_median"].round(4).to_dict(),
+              "scaled_dk_median": gscaled["dk_norm_median"].round(4).to_dict(),
+              "unscaled_dq_vanishing": graw["dq_vanishing_fraction"].round(4).to_dict(),
+              "unscaled_jacobian_mean": raw["jacobian_fro_mean"].round(4).to_dict()}
+    measured = (f"d_k = {top}: {raw.loc[top, 'one_hot_fraction']:.0%} of unscaled rows nearly "
+                f"one-hot (scaled 0%); median ‖dQ‖ row {graw.loc[top, 'dq_norm_median']:.3g} "
+                f"unscaled vs {gscaled.loc[top, 'dq_norm_median']:.3g} scaled, "
+                f"{graw.loc[top, 'dq_vanishing_fraction']:.0%} of unscaled rows below 1% of "
+                f"the scaled median; mean ‖dQ‖ {graw.loc[top, 'dq_norm_mean']:.3g} vs "
+                f"{gscaled.loc[top, 'dq_norm_mean']:.3g}; median ‖dK‖ "
+                f"{graw.loc[top, 'dk_norm_median']:.3g} vs "
+                f"{gscaled.loc[top, 'dk_norm_median']:.3g}")
+    if not (saturates and below[top]):
         return Result(FAILS, measured, values=values)
-    if onset == int(raw.index.min()):
+    if below.all() and graw.loc[top, "dq_vanishing_fraction"] > 0.5:
         return Result(HOLDS, measured, values=values)
-    condition = (f"for large d_k: most rows saturate only from d_k = {onset} (L = "
+    condition = (f"for large d_k: most rows saturate from d_k = {onset} and the median query "
+                 f"gradient falls below the scaled one from d_k = {shrink_from} (L = "
                  f"{int(raw['L'].iloc[0])} keys, unit-variance q, k)")
-    if len(larger):
-        condition += (f"; for d_k ≤ {int(max(larger))} the unscaled softmax is sharper but its "
-                      "mean gradient is larger than the scaled one's")
+    if graw.loc[top, "dq_vanishing_fraction"] <= 0.5:
+        condition += (f"; at d_k = {top} only {graw.loc[top, 'dq_vanishing_fraction']:.0%} "
+                      "of rows have vanishing gradients")
+    if (graw["dq_norm_mean"] > gscaled["dq_norm_mean"]).all():
+        condition += ("; the mean ‖dQ‖ stays larger unscaled at every d_k (no 1/√d_k factor, "
+                      "and rows not yet saturated get large gradients)")
+    if graw.loc[top, "dk_norm_median"] > gscaled.loc[top, "dk_norm_median"]:
+        condition += "; ‖dK‖ does not shrink"
     return Result(CAVEAT, measured, condition=condition, values=values,
-                  details="Jacobian of the weights with respect to the logits (Frobenius). "
-                          "The gradient vanishes row by row as rows saturate, not uniformly.")
+                  details="Gradients measured through kernels.attention_backward (numba "
+                          "backend, float64), per query row. They vanish row by row as rows "
+                          "saturate, not uniformly.")
 
 
 def c16() -> Result:

@@ -17,7 +17,11 @@ The backward (:func:`backward_flops`) does five such products per visible pair:
 ``2·(3·D + 2·Dv)`` FLOPs, 2.5× the forward's when ``Dv = D``.
 
 Causal masks and key lengths are counted in closed form (no L x L array is built),
-so the count is cheap for any L; a given ``mask`` is counted element by element.
+so the count is cheap for any L; a given ``mask`` is counted element by element.  A
+``mask_mod`` (:mod:`kernels.mods`) is counted in O(Lq) for a sliding window and in
+O(L log L) for documents; any other mask function is evaluated on every pair of the
+cells its :func:`kernels.mods.block_mask` does not classify as empty.  Score functions
+(ALiBi, softcap) change no count.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import numbers
 import numpy as np
 
 import kernels
+from attnbench.measure.mask_pairs import mask_mod_pairs
+from kernels import mods
 
 __all__ = [
     "attention_flops",
@@ -120,7 +126,7 @@ def _visible_mask_pairs(mask, B, H, Lq, Lk, offset, lengths) -> int:
 
 
 def visible_pairs(B: int, H: int, Lq: int, Lk: int, *, causal=False, key_lengths=None,
-                  mask=None) -> int:
+                  mask=None, mask_mod=None) -> int:
     """Number of visible (b, h, i, j) score entries of an attention problem.
 
     Parameters
@@ -134,14 +140,24 @@ def visible_pairs(B: int, H: int, Lq: int, Lk: int, *, causal=False, key_lengths
     mask : array_like, optional
         Broadcastable to (B, H, Lq, Lk): bool (True = visible) or additive float
         (``-inf`` = hidden).  Combined with ``causal`` and ``key_lengths``.
+    mask_mod : kernels.mods.MaskMod or callable, optional
+        A mask function (True = attend), combined with the others; see
+        :mod:`attnbench.measure.mask_pairs`.
 
     Returns
     -------
     int
-        Exact count.  Closed form (O(B) work) without ``mask``; with one, O(B·H·Lq·Lk).
+        Exact count.  Closed form (O(B) work) without ``mask`` or ``mask_mod``; O(B·Lq)
+        for a sliding window; with a ``mask``, O(B·H·Lq·Lk).
     """
     offset = causal_offset(causal, Lq, Lk)
     lengths = _key_lengths_array(key_lengths, B, Lk)  # (B,)
+    if mask_mod is not None and mask is not None:  # both: one dense visibility
+        dense = mods.as_mask_mod(mask_mod).dense(B, H, Lq, Lk)  # (B, H, Lq, Lk)
+        mask = dense & (np.asarray(mask) if np.asarray(mask).dtype == np.bool_
+                        else np.asarray(mask) != -np.inf)
+    elif mask_mod is not None:
+        return mask_mod_pairs(mask_mod, B, H, Lq, Lk, offset, lengths)
     if mask is not None:
         return _visible_mask_pairs(mask, B, H, Lq, Lk, offset, lengths)
     if offset is None:
@@ -154,7 +170,7 @@ def visible_pairs(B: int, H: int, Lq: int, Lk: int, *, causal=False, key_lengths
 
 
 def attention_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = None,
-                    causal=False, *, key_lengths=None, mask=None) -> int:
+                    causal=False, *, key_lengths=None, mask=None, mask_mod=None) -> int:
     """FLOPs of one attention forward: ``2·(D + Dv)`` per visible (query, key) pair.
 
     Parameters
@@ -165,7 +181,7 @@ def attention_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = N
         Head size of q and k.
     Dv : int, optional
         Head size of v; default ``D``.
-    causal, key_lengths, mask
+    causal, key_lengths, mask, mask_mod
         As in :func:`visible_pairs`.
 
     Returns
@@ -182,12 +198,13 @@ def attention_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = N
     True
     """
     Dv = D if Dv is None else Dv
-    pairs = visible_pairs(B, H, Lq, Lk, causal=causal, key_lengths=key_lengths, mask=mask)
+    pairs = visible_pairs(B, H, Lq, Lk, causal=causal, key_lengths=key_lengths, mask=mask,
+                          mask_mod=mask_mod)
     return 2 * pairs * (D + Dv)
 
 
 def backward_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = None,
-                   causal=False, *, key_lengths=None, mask=None) -> int:
+                   causal=False, *, key_lengths=None, mask=None, mask_mod=None) -> int:
     """FLOPs of one attention backward: ``2·(3·D + 2·Dv)`` per visible (query, key) pair.
 
     The five matrix products of a fused (FlashAttention-2 style) backward: S = QKᵀ
@@ -197,7 +214,7 @@ def backward_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = No
 
     Parameters
     ----------
-    B, H, Lq, Lk, D, Dv, causal, key_lengths, mask
+    B, H, Lq, Lk, D, Dv, causal, key_lengths, mask, mask_mod
         As in :func:`attention_flops`.
 
     Returns
@@ -210,12 +227,13 @@ def backward_flops(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int | None = No
     True
     """
     Dv = D if Dv is None else Dv
-    pairs = visible_pairs(B, H, Lq, Lk, causal=causal, key_lengths=key_lengths, mask=mask)
+    pairs = visible_pairs(B, H, Lq, Lk, causal=causal, key_lengths=key_lengths, mask=mask,
+                          mask_mod=mask_mod)
     return 2 * pairs * (3 * D + 2 * Dv)
 
 
 def flops_of_problem(problem, direction: str = "forward") -> int:
-    """FLOPs of a validated :class:`kernels.AttentionProblem` (its masks included).
+    """FLOPs of a validated :class:`kernels.AttentionProblem` (its masks and mask function).
 
     Parameters
     ----------
@@ -233,7 +251,7 @@ def flops_of_problem(problem, direction: str = "forward") -> int:
     B, H, _, Lq, Lk, D, Dv = problem.shape
     mask = problem.visibility_mask()  # (Bm, Hm, Lqm, Lkm) or None
     return count(B, H, Lq, Lk, D, Dv, causal=problem.causal_offset,
-                 key_lengths=problem.key_lengths, mask=mask)
+                 key_lengths=problem.key_lengths, mask=mask, mask_mod=problem.mask_mod)
 
 
 def gflops(flops: float, seconds: float) -> float:

@@ -5,7 +5,11 @@ Numba and the BLAS used, which threading layer, and the library versions.
 :func:`machine_record` gathers these once per process (JSON-serialisable);
 :func:`machine_columns` flattens the essentials into columns for a result table.
 :func:`gemm_peak_gflops` measures what the CPU reaches on a dense float GEMM with
-NumPy's BLAS, the yardstick GFLOP/s of the attention kernels are read against.
+NumPy's BLAS, the yardstick GFLOP/s of the attention kernels are read against.  Every such
+measurement is a *probe*: the peak it returns is the maximum over all the probes this
+process took of the same product (interference only slows a product down, so one
+disturbed probe cannot lower the peak), and :func:`gemm_peak_record` (in the machine
+record) says how many probes there were and what each read.
 """
 
 from __future__ import annotations
@@ -25,13 +29,27 @@ from threadpoolctl import threadpool_info
 
 from attnbench.measure.timing import measure
 
-__all__ = ["gemm_peak_gflops", "machine_columns", "machine_record"]
+__all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
+           "machine_columns", "machine_record"]
 
 #: Environment variables that change how the BLAS or Numba run; recorded when set.
 RECORDED_ENV_VARS = (
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
     "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_ENABLE_CUDASIM",
 )
+
+
+#: A machine is busy when its 1-min load average exceeds this many runnable processes per
+#: usable core: more wanted a core than there were cores, so some waited.  A run's own
+#: threads count in a reading taken during or just after it (up to one per core), so a
+#: lower bar would call every run on all cores busy: a load of 1.2 on 2 cores is the run
+#: itself and a little more.
+BUSY_LOAD_PER_CORE = 1.0
+
+
+def busy_machine(load: float, cores: int | None) -> bool:
+    """True if a 1-min ``load`` average means processes waited for one of ``cores`` cores."""
+    return bool(cores) and load > cores * BUSY_LOAD_PER_CORE
 
 
 def _cpu_model() -> str:
@@ -166,7 +184,8 @@ def machine_record() -> dict:
         :data:`RECORDED_ENV_VARS` that are set, e.g. ``OPENBLAS_CORETYPE``), the versions
         ``python``, ``numpy``, ``numba``, ``pandas``, ``threadpoolctl``, ``torch`` and
         ``numba_cuda`` (``None`` when not installed), ``hostname``, ``platform`` and
-        ``machine``.
+        ``machine``, and ``gemm_peak_probes`` (:func:`gemm_peak_record`: the GEMM peak
+        probes taken so far in this process).
 
     Notes
     -----
@@ -174,7 +193,7 @@ def machine_record() -> dict:
     ``numba.set_num_threads`` is not reflected.  The ``torch`` version is read from the
     installed metadata unless torch is already imported (importing it takes seconds).
     """
-    return copy.deepcopy(_record())
+    return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record()}
 
 
 def _blas_summary(blas: list[dict]) -> str:
@@ -226,16 +245,29 @@ def summary_lines(record: dict | None = None) -> list[str]:
     ]
 
 
+#: GFLOP/s read by every GEMM peak probe of this process, by :func:`_peak_key`.
+_PEAK_READINGS: dict[str, list[float]] = {}
+
+
+def _peak_key(dtype, n: int) -> str:
+    """``"float32 n=1024 blas_threads=2"``: what a probe measured (threads change the peak)."""
+    threads = max((pool.get("num_threads") or 0 for pool in threadpool_info()
+                   if pool.get("user_api") == "blas"), default=0)
+    return f"{np.dtype(dtype).name} n={n} blas_threads={threads}"
+
+
 def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
                      max_time: float = 2.0) -> float:
-    """The machine's measured dense GEMM throughput with NumPy's BLAS, in GFLOP/s.
+    """The machine's dense GEMM throughput with NumPy's BLAS, in GFLOP/s: the best probe.
 
-    Times ``a @ b`` for square ``n x n`` matrices (``2·n³`` FLOPs) with
-    :func:`attnbench.measure.timing.measure` and returns the FLOPs over the *fastest*
-    product (the maximum over the probes: interference only ever slows a product down, so
-    one disturbed measurement cannot lower the peak and push a "% of peak" above 100): what
-    this machine's BLAS actually reaches on all its threads, measured in this process so
-    kernels can be compared against it side by side.
+    Each call is a probe: it times ``a @ b`` for square ``n x n`` matrices (``2·n³``
+    FLOPs) with :func:`attnbench.measure.timing.measure` and reads the FLOPs over the
+    *fastest* product.  It returns the maximum over every probe this process took of the
+    same dtype, ``n`` and BLAS thread count, this one included: interference only ever
+    slows a product down, so a probe taken while another process held a core cannot lower
+    the peak and push a "% of peak" above 100.  Callers probe again through a long run
+    (:func:`attnbench.sweep.run.run_sweep` does) so that the peak does not rest on one
+    moment; :func:`gemm_peak_record` lists the probes.
 
     Parameters
     ----------
@@ -258,4 +290,17 @@ def gemm_peak_gflops(dtype=np.float32, n: int = 1024, *, repeat: int = 7,
     out = np.empty((n, n), dtype=dtype)
     timing = measure(lambda: np.matmul(a, b, out=out), repeat=repeat, max_time=max_time,
                      number=1)
-    return 2 * n**3 / timing.min / 1e9
+    readings = _PEAK_READINGS.setdefault(_peak_key(dtype, n), [])
+    readings.append(2 * n**3 / timing.min / 1e9)
+    return max(readings)
+
+
+def gemm_peak_record() -> dict:
+    """The GEMM peak probes of this process: ``{key: {"gflops", "probes", "readings"}}``.
+
+    ``key`` as ``"float32 n=1024 blas_threads=2"``; ``gflops`` is the peak (the maximum),
+    ``probes`` how many probes were taken, ``readings`` what each read (GFLOP/s, in order).
+    """
+    return {key: {"gflops": max(values), "probes": len(values),
+                  "readings": [round(value, 3) for value in values]}
+            for key, values in _PEAK_READINGS.items()}

@@ -12,7 +12,9 @@
 
 Each peer is called through :func:`make_call`, which returns a function of no
 arguments: everything that is not the attention itself (converting inputs, building
-masks) happens before timing starts.
+masks) happens before timing starts.  :func:`make_backward_call` does the same for the
+gradients: torch's through autograd (the forward graph is built once, outside the timed
+call, so only the backward is timed); the numpy peer has no backward.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import numpy as np
 
 import kernels
 
-__all__ = ["PEERS", "UnsupportedByPeer", "make_call", "numpy_attention", "peer_status",
-           "peer_threads", "torch_sdpa_arguments", "visibility"]
+__all__ = ["PEERS", "UnsupportedByPeer", "make_backward_call", "make_call", "numpy_attention",
+           "peer_status", "peer_threads", "torch_sdpa_arguments", "visibility"]
 
 PEERS = ("numpy", "torch")
 
@@ -158,6 +160,38 @@ def make_call(name: str, q, k, v, kwargs: dict):
         with torch.no_grad():
             out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, **sdpa_kwargs)
         return out.numpy()
+
+    return call
+
+
+def make_backward_call(name: str, q, k, v, dout, kwargs: dict):
+    """A function of no arguments returning peer ``name``'s gradients ``(dq, dk, dv)``.
+
+    For torch: ``torch.autograd.grad`` of ``sum(dout * sdpa(q, k, v, ...))`` through the
+    graph of one forward call made here (``retain_graph=True``: each call runs the
+    backward alone, as :func:`kernels.attention_backward` with ``out`` and ``lse`` given
+    does).  ``dk`` and ``dv`` have k's and v's shapes (GQA heads summed by torch).
+
+    Raises
+    ------
+    UnsupportedByPeer
+        The numpy peer (it has no backward), or what torch's SDPA cannot express.
+    """
+    usable, why = peer_status(name)
+    if not usable:
+        raise RuntimeError(why)
+    if name == "numpy":
+        raise UnsupportedByPeer("the numpy peer has no backward pass")
+    import torch  # optional peer: imported only when asked for
+
+    qt, kt, vt, sdpa_kwargs = torch_sdpa_arguments(q, k, v, kwargs)
+    inputs = tuple(t.detach().requires_grad_(True) for t in (qt, kt, vt))
+    out = torch.nn.functional.scaled_dot_product_attention(*inputs, **sdpa_kwargs)
+    grad_out = torch.from_numpy(np.ascontiguousarray(dout))
+
+    def call():
+        grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+        return tuple(g.numpy() for g in grads)
 
     return call
 

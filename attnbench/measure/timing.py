@@ -30,7 +30,8 @@ Measuring (after pyperf and asv):
 All clocks are arguments, so the statistics are testable with a synthetic clock.  The
 garbage collector is off while timing (as :mod:`timeit` does).
 
-Intervals live in :mod:`attnbench.measure.intervals`, the probe and the fault check in
+The :class:`Timing` a measurement returns lives in :mod:`attnbench.measure.samples`,
+intervals in :mod:`attnbench.measure.intervals`, the probe and the fault check in
 :mod:`attnbench.measure.probe`, and :func:`peak_extra_memory` (the peak memory a call needs
 on top of what was allocated before it) in :mod:`attnbench.measure.memory`; all are
 re-exported here.
@@ -43,8 +44,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,138 +56,15 @@ from attnbench.measure.intervals import (
     ratio_interval,
 )
 from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
-from attnbench.measure.probe import PROBE_TOLERANCE, Probe, default_probe, fault
+from attnbench.measure.probe import Probe, default_probe, fault
+from attnbench.measure.samples import NOISE_TARGET, Timing
 
 __all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_samples",
            "interleaved",
            "measure", "median_interval", "parse_samples", "peak_extra_memory", "ratio_interval",
            "rss_peak_supported"]
 
-#: A median is "noisy" while its 95% interval's half-width exceeds this fraction of it.
-NOISE_TARGET = 0.03
-
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Timing samples of one function, in seconds per call; warm-up calls excluded."""
-
-    samples: tuple[float, ...]  # wall seconds per call, one per timed batch (kept ones)
-    number: int  # calls per batch (calibrated): a sample is the batch's time / number
-    warmup: int  # untimed calls made before the first batch
-    cpu_samples: tuple[float, ...] = ()  # process CPU seconds per call, batch by batch
-    thread_samples: tuple[float, ...] = ()  # calling thread's CPU seconds per call
-    taken: int = 0  # samples taken in all, set-aside ones included (0: = runs)
-    rounds: int = 1  # sampling rounds (more than 1: re-measured)
-    target: float = NOISE_TARGET  # relative interval half-width aimed at
-    probe_slowdown: float = math.nan  # median probe time / its best (nan: no probe)
-    set_aside: tuple[float, ...] = field(default=(), repr=False)  # disturbed samples
-
-    @property
-    def runs(self) -> int:
-        """Number of timed batches (samples) the statistics use."""
-        return len(self.samples)
-
-    @property
-    def calls(self) -> int:
-        """Number of timed calls, ``runs * number``."""
-        return self.runs * self.number
-
-    @property
-    def median(self) -> float:
-        return float(np.median(self.samples))
-
-    @property
-    def q25(self) -> float:
-        """First quartile (linear interpolation, as :func:`numpy.percentile`)."""
-        return float(np.percentile(self.samples, 25))
-
-    @property
-    def q75(self) -> float:
-        """Third quartile."""
-        return float(np.percentile(self.samples, 75))
-
-    @property
-    def iqr(self) -> float:
-        """Interquartile range ``q75 - q25``: the spread that ignores the outliers."""
-        return self.q75 - self.q25
-
-    @property
-    def min(self) -> float:
-        return float(min(self.samples))
-
-    @cached_property
-    def ci95(self) -> tuple[float, float]:
-        """95% interval of the median (:func:`median_interval`; nan under 6 samples)."""
-        return median_interval(self.samples)
-
-    @property
-    def rel_halfwidth(self) -> float:
-        """Half the interval's width over the median (nan without an interval)."""
-        low, high = self.ci95
-        return (high - low) / 2 / self.median if self.median > 0 else math.nan
-
-    @property
-    def cpu_median(self) -> float:
-        """Median process CPU seconds per call (nan if not recorded)."""
-        return float(np.median(self.cpu_samples)) if self.cpu_samples else math.nan
-
-    @property
-    def thread_cpu_median(self) -> float:
-        """Median CPU seconds per call of the calling thread (nan if not recorded)."""
-        return float(np.median(self.thread_samples)) if self.thread_samples else math.nan
-
-    @property
-    def noisy(self) -> bool:
-        """Interval wider than ``target`` (or none), or a probe that saw interference."""
-        width = self.rel_halfwidth
-        disturbed = self.probe_slowdown > 1 + PROBE_TOLERANCE
-        return bool(not width <= self.target or disturbed)
-
-    def as_dict(self) -> dict:
-        """The summary statistics (seconds) and counts, flat, for a table row."""
-        low, high = self.ci95
-        return {
-            "median_s": self.median, "q25_s": self.q25, "q75_s": self.q75,
-            "iqr_s": self.iqr, "min_s": self.min, "runs": self.runs, "number": self.number,
-            "ci_low_s": low, "ci_high_s": high, "cpu_median_s": self.cpu_median,
-            "thread_cpu_median_s": self.thread_cpu_median,
-            "samples_taken": self.taken or self.runs, "rounds": self.rounds,
-            "probe_slowdown": self.probe_slowdown, "noisy": self.noisy,
-        }
-
-    def ms_columns(self) -> dict:
-        """The summary as every table writes it, in milliseconds: median, quartiles, IQR,
-        minimum, and the counts (runs, calls per run, calls)."""
-        return {
-            "median_ms": self.median * 1e3, "q25_ms": self.q25 * 1e3,
-            "q75_ms": self.q75 * 1e3, "iqr_ms": self.iqr * 1e3, "min_ms": self.min * 1e3,
-            "runs": self.runs, "number": self.number, "calls": self.calls,
-        }
-
-    def row_columns(self) -> dict:
-        """Columns a sweep row adds beside ``median_ms``: interval, CPU time, samples, noise.
-
-        ``samples_ms`` holds every kept sample in ms, space-separated (a CSV cell), so
-        that fits and comparisons can resample them.
-        """
-        low, high = self.ci95
-        return {
-            "ci_low_ms": low * 1e3, "ci_high_ms": high * 1e3,
-            "cpu_median_ms": self.cpu_median * 1e3,
-            "thread_cpu_median_ms": self.thread_cpu_median * 1e3,
-            "number": self.number, "samples_taken": self.taken or self.runs,
-            "rounds": self.rounds, "probe_slowdown": self.probe_slowdown,
-            "noisy": self.noisy, "samples_ms": format_samples(self.samples),
-            "cpu_samples_ms": format_samples(self.cpu_samples),
-        }
-
-    def __str__(self) -> str:
-        low, high = self.ci95
-        noisy = ", noisy" if self.noisy else ""
-        return (f"{self.median * 1e3:.4g} ms [{low * 1e3:.4g}, {high * 1e3:.4g}] "
-                f"(IQR {self.iqr * 1e3:.2g} ms, {self.runs} runs x {self.number} calls{noisy})")
 
 
 # --- sampling ---------------------------------------------------------------------------------
@@ -356,7 +233,7 @@ def _fill_round(fn, clocks: _Clocks, series: _Series, repeat: int, min_repeat: i
 def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
                 warmup: int = 1, settle: float = 0.0, target: float = NOISE_TARGET,
                 budget: float = 0.0, probe: Probe | None = None, max_rounds: int = 200,
-                clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
+                watch=None, clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
                 thread_clock: Clock = time.thread_time,
                 sleep: Callable[[float], object] = time.sleep) -> dict:
     """Time several functions in alternating rounds, so that load changes hit them all alike.
@@ -382,6 +259,9 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         Seconds for further rounds while some function's median is noisy.
     max_rounds : int, default 200
         No round past this many.
+    watch : collection of names, optional
+        Only these functions' noise keeps further rounds going (the others are timed
+        alongside, as a yardstick); default: every function's.
     sleep : callable, default time.sleep
 
     Returns
@@ -409,12 +289,13 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
             for one in series.values():
                 one.probe_readings.append(reading)
         names = list(functions)
+        watched = names if watch is None else [name for name in names if name in watch]
         extra_start = None
         for index in range(1, max_rounds):
             if index >= rounds:
                 extra_start = clock() if extra_start is None else extra_start
                 if clock() - extra_start >= budget or not any(
-                        one.timing(probe).noisy for one in series.values()):
+                        series[name].timing(probe).noisy for name in watched):
                     break
             before = probe() if probe is not None else None
             for name in names[index % len(names):] + names[:index % len(names)]:

@@ -9,4 +9,5 @@
   attention heat maps.
 - :mod:`~attnbench.report.sections`: the unit a report is made of, and the verdict tones.
 - :mod:`~attnbench.report.hosts`: results of several machines side by side.
+- :mod:`~attnbench.report.variants`: the backward's plots, the variants section.
 """

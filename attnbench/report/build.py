@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import hosts, plots, summary, verdicts
+from attnbench.report import hosts, plots, summary, variants, verdicts
 from attnbench.report import html as html_report
 from attnbench.report.sections import Section
 from attnbench.studies import scaling
@@ -63,7 +63,8 @@ def agreement_section(table: pd.DataFrame) -> Section:
 
 
 #: Columns of the sweep table shown in the report.
-REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status",
+REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
+                  "direction", "variant", "status",
                   "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
                   "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
                   "oracle", "h2d_ms", "d2h_ms", "host_call_ms", "launch_overhead_us",
@@ -119,11 +120,13 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
                                  f"{r.max_abs_err:.3g} > {r.tolerance:.3g}"
                                  for r in outside.itertuples()))
     figures = []
-    gflops_figure = plots.gflops_by_backend(table, peaks,
+    plain = variants.select(table, "forward")  # one kind of call per line
+    gflops_figure = plots.gflops_by_backend(plain, peaks,
                                             peak_label="device peak" if gpu else "GEMM peak")
     if gflops_figure is not None:
-        figures.append(("GFLOP/s by backend against L, with the GEMM peak of the same run",
-                        gflops_figure))
+        figures.append(("GFLOP/s by backend against L, with the GEMM peak of the same run"
+                        + (" (forward calls without a variant; the others are in the table)"
+                           if len(plain) < len(table) else ""), gflops_figure))
     error_figure = plots.error_by_backend(table)
     if error_figure is not None:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
@@ -273,6 +276,8 @@ def collect_sections(folder) -> list[Section]:
     if record:
         extra = ({"gemm_peak_gflops (sweep)": meta["gemm_peak_gflops"]}
                  if "gemm_peak_gflops" in meta else {})
+        if (meta.get("machine") or {}).get("gemm_peak_probes"):  # the best of these probes
+            extra["gemm_peak_probes (sweep)"] = meta["machine"]["gemm_peak_probes"]
         sections.append(machine_section(record, extra))
     found = summary.cards(agreement=agreement, sweep=table, fits=fits, sections=saved,
                           record=_read_json(folder / "machine.json"), meta=meta)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.report.sections import Section
+from attnbench.studies.scaling import with_parameters
 
 __all__ = ["GROUP_COLUMN", "device_of", "group_labels", "groups", "host_peaks",
            "hosts_section", "scaling_by_group"]
@@ -25,7 +26,8 @@ __all__ = ["GROUP_COLUMN", "device_of", "group_labels", "groups", "host_peaks",
 #: Column added to fits (and the comparison table) when there are several groups.
 GROUP_COLUMN = "group"
 #: Parameters that identify a point (besides its group).
-POINT_COLUMNS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype"]
+POINT_COLUMNS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
+                 "direction", "variant"]
 #: Machine columns shown per group in the hosts section, when present.
 MACHINE_COLUMNS = ["cpu_model", "logical_cores", "numba_threads", "threading_layer", "blas",
                    "numpy", "numba"]
@@ -162,7 +164,8 @@ def ratio_table(ok: pd.DataFrame, index: list, columns: str, order=None,
 
 
 def _comparison(table: pd.DataFrame) -> pd.DataFrame | None:
-    ok = table[table["status"] == "ok"].assign(**{GROUP_COLUMN: group_labels(table)})
+    ok = with_parameters(table[table["status"] == "ok"]).assign(
+        **{GROUP_COLUMN: group_labels(table)})
     if ok.empty:
         return None
     wide = ratio_table(ok, POINT_COLUMNS, GROUP_COLUMN, order=dict.fromkeys(group_labels(table)),

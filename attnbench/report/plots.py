@@ -200,7 +200,8 @@ def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: 
             fit = None if row is None else fit_from_row(row)
             if fit is not None:
                 _band(ax, fit, color, scale)
-                label += f": {variable}^{fit.slope:.2f} ± {fit.ci95:.2f}"
+                base = f"({variable})" if "·" in variable else variable  # (L·W)^0.95
+                label += f": {base}^{fit.slope:.2f} ± {fit.ci95:.2f}"
                 res.plot(x[used], y[used] * scale / fit.predict(x[used]), "o-", color=color,
                          ms=4)
             else:

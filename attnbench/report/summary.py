@@ -8,8 +8,9 @@ sections below already decided (the scaling fits' outcomes, the claims' verdicts
 than deciding them again.
 
 The questions, in order: agreement with the reference; O(L²) time, one card per backend;
-O(L) memory of the fused kernel; the softmax's stability with the 1/√d_k scale; parameter
-arithmetic; the claims ledger; the machine and its noise.
+O(L) memory of the fused kernel; the same two for the backward pass; O(L·W) time of
+sliding windows and the speed-up of block skipping; the softmax's stability with the
+1/√d_k scale; parameter arithmetic; the claims ledger; the machine and its noise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnbench.measure.machine import BUSY_LOAD_PER_CORE, busy_machine
+from attnbench.report import variants
 from attnbench.report.sections import TONES, Section, tone_of
+from attnbench.studies.scaling import SKIPPING_BACKENDS
+from attnbench.studies.variants import WINDOW_VARIABLE, skipping_table
 
 __all__ = ["Card", "cards", "render_cards", "summary_section"]
 
@@ -89,9 +94,14 @@ def agreement_card(agreement: pd.DataFrame | None, sweep: pd.DataFrame | None) -
                 "agreement" if agreement is not None else "sweep", lines)
 
 
-def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link) -> list[Card]:
-    """One card per backend: its fits of ``quantity`` against L, worst outcome decides."""
-    rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == "L")]
+def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link, *,
+               variable: str = "L") -> list[Card]:
+    """One card per backend: its fits of ``quantity`` against ``variable``, worst outcome
+    decides.  ``fits`` holds the series the cards are about (one direction, variant)."""
+    if fits is None or fits.empty:
+        return []
+    rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == variable)]
+    base = f"({variable})" if "·" in variable else variable  # (L·W)^0.93
     result = []
     for backend in backends or list(dict.fromkeys(rows["backend"])):
         mine = rows[rows["backend"] == backend]
@@ -105,18 +115,44 @@ def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link) -> l
         if tone != "ok" and confirmed:
             verdict = f"confirmed in {confirmed} of {len(outcomes)} series"
         lines = [f"{row['mask']}, {row['dtype']}: "
-                 + (f"{quantity} ∝ L{_pm(row)} ({outcome})" if not pd.isna(row.get("slope"))
+                 + (f"{quantity} ∝ {base}{_pm(row)} ({outcome})"
+                    if not pd.isna(row.get("slope"))
                     else f"no fit ({_usable(row)})")
                  for (_, row), outcome in zip(mine.iterrows(), outcomes, strict=True)]
         order = ["_o", "ci95"] if "ci95" in mine else ["_o"]  # other fit columns may come
         best = mine.assign(_o=[o == "confirmed" for o in outcomes]).sort_values(
             order, ascending=[False, True][:len(order)], na_position="last").iloc[0]
-        number = (f"{quantity} ∝ L{_pm(best)}" if not pd.isna(best.get("slope"))
+        number = (f"{quantity} ∝ {base}{_pm(best)}" if not pd.isna(best.get("slope"))
                   else "too few usable points")
         result.append(Card(question.format(backend=backend), verdict, tone, number, link,
                            lines[:4] + ([f"… {len(lines) - 4} more in the Fits table"]
                                         if len(lines) > 4 else [])))
     return result
+
+
+def skipping_card(sweep: pd.DataFrame | None) -> Card | None:
+    """Block skipping pays when every variant of ideal speed-up ≥ 2 of a backend that skips
+    tiles (:data:`~attnbench.studies.scaling.SKIPPING_BACKENDS`) runs faster than its plain
+    call (the lower end of the ratio's interval above 1, or the ratio without one); amber
+    when some does not, grey without such variants."""
+    if sweep is None or sweep.empty or "variant" not in sweep:
+        return None
+    skips = skipping_table(sweep)
+    if not skips.empty:  # the peers compute a dense mask: nothing to skip
+        skips = skips[skips["backend"].isin(SKIPPING_BACKENDS)]
+    if skips.empty:
+        return None
+    sparse = skips[skips["ideal_speedup"] >= 2]
+    faster = sparse["speedup_low"].fillna(sparse["speedup"]) > 1
+    tone = "none" if sparse.empty else ("ok" if faster.all() else "warn")
+    best = variants.best_skip(skips)
+    lines = [f"{row.backend} {row.direction} {row.variant} L={row.L}: {row.speedup:.2f}× "
+             f"(ideal {row.ideal_speedup:.2f}×, density {row.density:.2g})"
+             for row in sparse.sort_values("ideal_speedup").tail(4).itertuples()]
+    return Card("Block skipping of sparse variants",
+                {"ok": "pays", "warn": "does not always pay", "none": "no sparse variant"}[tone],
+                tone, f"{best['speedup']:.2f}× faster at density {best['density']:.2g} "
+                f"(ideal {best['ideal_speedup']:.2f}×)", "variants", lines)
 
 
 def stability_card(stability: pd.DataFrame | None) -> Card | None:
@@ -196,7 +232,7 @@ def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card |
         ok = sweep[(sweep["status"] == "ok") & (sweep["median_ms"] > 0)]
         if not ok.empty:
             noise = float((ok["iqr_ms"] / ok["median_ms"]).median())
-    busy = bool(cores and loads and max(loads) > 0.5 * cores)
+    busy = bool(loads) and busy_machine(max(loads), cores)
     noisy = noise is not None and noise > 0.05
     above_peak = 0
     if sweep is not None and "pct_of_gemm_peak" in sweep:
@@ -213,7 +249,7 @@ def machine_card(record: dict, meta: dict, sweep: pd.DataFrame | None) -> Card |
     if above_peak:
         lines.append(f"{above_peak} sweep point(s) above 100 % of the GEMM peak: the peak was "
                      "measured too low")
-    number = (f"load {max(loads):.1f} on {cores} cores (rule: ≤ {0.5 * cores:g})"
+    number = (f"load {max(loads):.1f} on {cores} cores (rule: ≤ {BUSY_LOAD_PER_CORE * cores:g})"
               if loads and cores else "load not recorded")
     return Card("Machine and noise", verdict, tone, number, "machine", lines)
 
@@ -237,9 +273,20 @@ def cards(*, agreement=None, sweep=None, fits=None, sections=(), record=None,
     tables = {s.anchor: s.tables[0][1] for s in sections if s.anchor and s.tables}
     found = [agreement_card(agreement, sweep)]
     if fits is not None and not fits.empty:
-        found += _fit_cards(fits, "time", None, "O(L²) time: {backend}", "scaling")
-        found += _fit_cards(fits, "memory", ["numba"], "O(L) memory of the fused kernel",
+        (forward, _), (backward, _) = variants.split_directions(fits, None)
+        found += _fit_cards(forward, "time", None, "O(L²) time: {backend}", "scaling")
+        found += _fit_cards(forward, "memory", ["numba"], "O(L) memory of the fused kernel",
                             "scaling")
+        found += _fit_cards(backward, "time", None, "Backward O(L²) time: {backend}",
+                            "scaling")
+        found += _fit_cards(backward, "memory", ["numba"],
+                            "Backward O(L) memory of the fused kernel", "scaling")
+        found += _fit_cards(variants.select(fits, "forward", "window"), "time", None,
+                            "Sliding window O(L·W) time: {backend}", "variants",
+                            variable=WINDOW_VARIABLE)
+    skipping = skipping_card(sweep)
+    if skipping is not None:
+        found.append(skipping)
     for card in (stability_card(tables.get("stability")), params_card(tables.get("params")),
                  claims_card(tables.get("claims")),
                  machine_card(record or {}, meta or {}, sweep)):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.report import hosts, plots
+from attnbench.measure.machine import busy_machine
+from attnbench.report import hosts, plots, variants
 from attnbench.report.sections import Section
 from attnbench.studies import scaling
 
@@ -20,8 +21,8 @@ __all__ = ["reading", "scaling_section", "scaling_sections", "verdicts_table"]
 
 
 #: Columns of the verdicts table, in order (those a fits table has).
-VERDICT_TABLE = ("backend", "quantity", "variable", "mask", "dtype", "outcome", "exponent",
-                 "expected", "n_used", "verdict")
+VERDICT_TABLE = ("backend", "quantity", "variable", "mask", "dtype", "direction", "variant",
+                 "outcome", "exponent", "expected", "n_used", "verdict")
 
 
 def _power(variable: str, exponent: float) -> str:
@@ -102,13 +103,16 @@ def scaling_sections(table: pd.DataFrame, meta: dict) -> list[Section]:
                     and "verdict" in table else table) for caption, table in main.tables]
     main.tables.insert(0, ("Verdicts: one line per fit (time and memory; FLOP counts are in "
                            "the Fits table)", verdicts_table(fits)))
+    (forward, forward_fits), _ = variants.split_directions(table, fits)
     for variable, words in (("d_k", "head size d_k"), ("heads", "heads"),
                             ("batch", "batch")):
-        figure = plots.time_vs_variable(table, fits, variable)
+        figure = plots.time_vs_variable(forward, forward_fits, variable)
         if figure is not None:
             main.figures.append((f"Time against {words}, log-log, with the fitted law, its "
                                  "95% band and an O(" + variable + ") guide", figure))
-    return sections
+    main.figures += variants.backward_figures(table, fits)
+    section = variants.variants_section(table, fits)
+    return sections + ([section] if section is not None else [])
 
 
 def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
@@ -151,7 +155,11 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
         "than 1 at these sizes. The reference and the plain NumPy peer build the L × L "
         "scores: their memory is checked against L². "
         "FLOPs are counted, not measured (visible pairs × 2·(d_k + d_v)): their fit checks "
-        "the count (causal masks see L(L+1)/2 pairs, so their slope is a little under 2)."
+        "the count (causal masks see L(L+1)/2 pairs, so their slope is a little under 2). "
+        "Backward points (direction 'backward': attention_backward given the forward's out "
+        "and lse, the forward not timed; 2.5× the forward's FLOPs) are series of their own, "
+        "with the same expectations: O(L²) time, at most O(L) extra memory for the fused "
+        "kernel (its gradients included). A sliding window of fixed W is expected O(L)."
     )
     text += _load_text(meta or {})
     if fits.empty:
@@ -162,9 +170,11 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
              if row.quantity != "flops"]
     text += "\n\nVerdicts:\n" + "\n".join(lines)
     shown = fits.drop(columns=["intercept", "stderr"], errors="ignore").copy()
-    figures = [("Time against L, log-log, with the fitted slopes and an L² guide",
-                plots.time_vs_length(table, fits))]
-    memory = plots.memory_vs_length(table, fits)
+    (forward, forward_fits), _ = variants.split_directions(table, fits)
+    figures = [("Time against L, log-log, with the fitted slopes and an L² guide "
+                "(forward calls without a variant; the backward's and the variants' below)",
+                plots.time_vs_length(forward, forward_fits))]
+    memory = plots.memory_vs_length(forward, forward_fits)
     if memory is not None:
         figures.append(("Memory that grows with L: the peak extra memory of one call minus "
                         "the backend's smallest call's, log-log, with the fitted slopes", memory))
@@ -179,7 +189,7 @@ def _load_text(meta: dict) -> str:
         return ""
     text = (f"\n\nLoad average (1 min) at the start of the sweep: {start:.2f}, at the end: "
             f"{end:.2f}, on {cores} usable cores.")
-    if max(start, end) > 0.5 * cores:
+    if busy_machine(max(start, end), cores):
         text += (" The machine was busy: other processes pre-empt the timed threads, which "
                  "inflates times and makes them jump in steps of the scheduler's time slice "
                  "(see the IQR columns); fits can then come out inconclusive or off.")
@@ -191,10 +201,14 @@ def _load_text(meta: dict) -> str:
 
 def _series_label(row) -> str:
     fixed = []
-    for name in ("backend", "mask", "dtype", "L", "d_k", "heads", "kv_heads", "batch"):
-        value = getattr(row, name)
+    for name in ("backend", "mask", "dtype", "direction", "variant", "L", "d_k", "heads",
+                 "kv_heads", "batch"):
+        value = getattr(row, name, "")
+        if name in ("direction", "variant") and value in ("forward", "none"):
+            continue
         if name != row.variable and value != "" and not (name == "kv_heads"
                                                          and row.variable == "heads"):
-            fixed.append(f"{name}={value}" if name not in ("backend", "mask", "dtype")
+            fixed.append(f"{name}={value}" if name not in ("backend", "mask", "dtype",
+                                                            "direction", "variant")
                          else str(value))
     return ", ".join(fixed)

@@ -4,6 +4,8 @@
   heads, batch) with intervals and verdicts.
 - :mod:`~attnbench.studies.fits`: the one fit behind them: c + a·x^p with a bootstrap
   interval over the samples, and the complexity class of least residual.
+- :mod:`~attnbench.studies.variants`: sliding windows' time against L·W, the speed-up of
+  block skipping against the density of visible pairs.
 - :mod:`~attnbench.studies.stability`: softmax saturation with and without the 1/√d_k scale.
 - :mod:`~attnbench.studies.params`: parameter arithmetic of published models.
 """

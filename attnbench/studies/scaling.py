@@ -23,7 +23,10 @@ Verdicts (:func:`verdict`) are decided from the whole 95% interval on p, so that
 on the same machine gives the same verdict as the last one.  An exponent within
 ``TOLERANCE`` of the expected one is "that power" (L², linear in d_k, heads and batch;
 for memory against L: at most linear for the fused numba kernel, quadratic for the
-backends that build the L x L scores).  *Confirmed*: the whole interval lies within
+backends that build the L x L scores; the same for a backward pass, whose series are
+fitted apart from the forward's).  A causal sliding window of fixed W costs O(L·W): its
+time against L is expected linear (the fit against L·W over several W is
+:func:`attnbench.studies.variants.window_fits`).  *Confirmed*: the whole interval lies within
 ``expected ± TOLERANCE`` (for an upper bound: below ``expected + TOLERANCE``); *not
 confirmed*: the whole interval lies outside; *inconclusive*: the interval straddles a
 boundary (the text says which), or the fitted overhead c is more than
@@ -38,7 +41,8 @@ import pandas as pd
 from attnbench.measure.intervals import parse_samples
 from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
 
-__all__ = ["PowerFit", "fit_mask", "fit_power_law", "scaling_table", "verdict"]
+__all__ = ["PowerFit", "fit_mask", "fit_power_law", "fit_row", "fit_series", "scaling_table",
+           "verdict", "with_parameters"]
 
 #: Without samples, fit time points only where t >= OVERHEAD_FACTOR x the smallest call ...
 OVERHEAD_FACTOR = 100
@@ -63,14 +67,22 @@ _SUPERSCRIPTS = str.maketrans("0123456789-.", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻·"
 
 
 def big_o(variable: str, exponent: float) -> str:
-    """``O(L²)``, ``O(L)``, ``O(1)``."""
+    """``O(L²)``, ``O(L)``, ``O(1)``; ``O(L·W)``, ``O((L·W)²)`` for a product."""
     exponent = round(exponent, 2)
     if exponent == 0:
         return "O(1)"
     if exponent == 1:
         return f"O({variable})"
     text = f"{exponent:g}".translate(_SUPERSCRIPTS)
-    return f"O({variable}{text})"
+    base = f"({variable})" if "·" in variable else variable
+    return f"O({base}{text})"
+
+
+def _class_name(best_class: str, variable: str) -> str:
+    """A class of :data:`CLASS_NAMES` written for ``variable`` (a product in parentheses)."""
+    if "·" in variable and best_class != "n":
+        return CLASS_NAMES[best_class].format(v=f"({variable})")
+    return CLASS_NAMES[best_class].format(v=variable)
 
 
 def interval(fit: PowerFit) -> tuple[float, float]:
@@ -94,11 +106,12 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
         return "inconclusive", (f"{quantity} vs {variable}: {n} usable point(s), a fit needs "
                                 f"{MIN_POINTS}")
     low, high = interval(fit)
-    head = (f"{quantity} ∝ {variable}^{fit.slope:.2f} [{low:.2f}, {high:.2f}] "
+    base = f"({variable})" if "·" in variable else variable  # (L·W)^0.9, O((L·W)²)
+    head = (f"{quantity} ∝ {base}^{fit.slope:.2f} [{low:.2f}, {high:.2f}] "
             f"({variable} {fit.x_min:g}–{fit.x_max:g})")
     tail = ""
     if fit.best_class:
-        tail = (f" (best class {CLASS_NAMES[fit.best_class].format(v=variable)}, "
+        tail = (f" (best class {_class_name(fit.best_class, variable)}, "
                 f"{fit.class_share:.0%} of resamples)")
     closest = f"closest power: {big_o(variable, round(fit.slope))}"
     if expected is None:
@@ -133,7 +146,10 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
 
 
 #: Point parameters of a sweep table; a fit varies one and holds the others fixed.
-PARAMETERS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype")
+PARAMETERS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
+              "direction", "variant")
+#: Values of the parameters that tables written before they existed lack.
+PARAMETER_DEFAULTS = {"direction": "forward", "variant": "none"}
 #: Variables fitted against, with the expected exponent of the time.
 TIME_EXPONENTS = {"L": 2, "d_k": 1, "heads": 1, "batch": 1}
 #: Expected exponent of the peak memory against L, per backend (None: no claim), and
@@ -141,6 +157,10 @@ TIME_EXPONENTS = {"L": 2, "d_k": 1, "heads": 1, "batch": 1}
 #: L x L array): at most linear; its fixed per-thread buffers make the slope lower at
 #: small L.  The reference and the plain NumPy peer build the L x L scores: quadratic.
 MEMORY_EXPONENTS = {"numba": (1, True), "reference": (2, False), "numpy": (2, False)}
+#: Backends that skip the key tiles a mask function hides (kernels.mods block sparsity):
+#: a sliding window costs them O(L·W).  The others (the reference, the peers given a
+#: dense mask) compute every pair: O(L²) whatever the window.
+SKIPPING_BACKENDS = ("numba", "cuda")
 
 
 def has_samples(table: pd.DataFrame, quantity: str = "time") -> bool:
@@ -174,18 +194,24 @@ def memory_growth(table: pd.DataFrame) -> pd.Series:
     return table["peak_mem_bytes"] - base
 
 
-def _fit(used: pd.DataFrame, variable: str, quantity: str, data: pd.DataFrame):
-    """The fit of one series' usable rows (None with fewer than 2 distinct x)."""
-    if used[variable].nunique() < 2:
+def fit_series(used: pd.DataFrame, x: pd.Series, quantity: str, data: pd.DataFrame):
+    """The fit of one series' usable rows against ``x`` (None with too few distinct x).
+
+    Time and CPU time with samples: :func:`~attnbench.studies.fits.fit_scaling` (at least
+    :data:`MIN_POINTS` distinct x); without: a log-log line.  Memory: the growth
+    (:func:`memory_growth`) on a log-log line.  ``data`` is the whole table (whether it
+    keeps samples decides the method, the same for every series).
+    """
+    if x.nunique() < 2:
         return None
     if quantity in CLOCKS and has_samples(data, quantity):
-        if used[variable].nunique() < MIN_POINTS:
+        if x.nunique() < MIN_POINTS:
             return None
         samples = [parse_samples(text) for text in used[CLOCKS[quantity][1]]]
-        return fit_scaling(used[variable].to_numpy(float), [s * 1e3 for s in samples])
+        return fit_scaling(x.to_numpy(float), [s * 1e3 for s in samples])
     if quantity == "memory":
-        return fit_power_law(used[variable], memory_growth(used))
-    return fit_power_law(used[variable], used["median_ms" if quantity == "time" else "flops"])
+        return fit_power_law(x, memory_growth(used))
+    return fit_power_law(x, used["median_ms" if quantity == "time" else "flops"])
 
 
 def _group_keys(variable: str) -> list[str]:
@@ -195,11 +221,20 @@ def _group_keys(variable: str) -> list[str]:
     return [p for p in PARAMETERS if p != variable]
 
 
-def _expected(quantity: str, variable: str, backend: str) -> tuple[float | None, bool]:
+def _expected(quantity: str, variable: str, backend: str,
+              variant: str = "none") -> tuple[float | None, bool]:
     """``(expected exponent or None, whether it is an upper bound)``."""
     if quantity == "memory":
         return MEMORY_EXPONENTS.get(backend, (None, False)) if variable == "L" else (None, False)
+    if variable == "L" and str(variant).startswith("window-") and backend in SKIPPING_BACKENDS:
+        return 1, False  # a fixed window skipped tile by tile: O(L·W) work, linear in L
     return TIME_EXPONENTS[variable], False
+
+
+def with_parameters(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with every column of :data:`PARAMETERS` (older tables lack some)."""
+    missing = {name: value for name, value in PARAMETER_DEFAULTS.items() if name not in table}
+    return table.assign(**missing) if missing else table
 
 
 def scaling_table(table: pd.DataFrame,
@@ -209,6 +244,8 @@ def scaling_table(table: pd.DataFrame,
     Series with fewer than :data:`MIN_POINTS` distinct values of the variable in all are
     left out; those with enough values but too few usable points get an "inconclusive"
     row.  Memory is fitted against L only; ``cpu`` only where the rows keep CPU samples.
+    Sliding windows add their fits against L·W
+    (:func:`attnbench.studies.variants.window_fits`).
 
     Returns
     -------
@@ -219,7 +256,7 @@ def scaling_table(table: pd.DataFrame,
         class_share, method, n_used, n_points, noisy_points, x_min, x_max, r2, intercept,
         expected, outcome, verdict.
     """
-    data = table[table["status"] == "ok"].copy()
+    data = with_parameters(table[table["status"] == "ok"]).copy()
     data["heads_per_kv"] = data["heads"] // data["kv_heads"]
     rows = []
     for quantity in quantities:
@@ -234,33 +271,62 @@ def scaling_table(table: pd.DataFrame,
                 if series[variable].nunique() < MIN_POINTS:
                     continue
                 used = series[usable.loc[series.index]]
-                fit = _fit(used, variable, quantity, data)
+                fit = fit_series(used, used[variable], quantity, data)
                 fixed = dict(zip(keys, key, strict=True))
-                expected, at_most = _expected(quantity, variable, fixed["backend"])
-                outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most)
-                low, high = interval(fit) if fit is not None else (np.nan, np.nan)
-                noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
-                rows.append({
-                    "quantity": quantity,
-                    "clock": CLOCKS[quantity][0] if quantity in CLOCKS else "",
-                    "variable": variable, **{p: fixed.get(p, "") for p in PARAMETERS},
-                    "slope": np.nan if fit is None else fit.slope,
-                    "ci_low": low, "ci_high": high,
-                    "ci95": np.nan if fit is None else fit.ci95,
-                    "stderr": np.nan if fit is None else fit.stderr,
-                    "overhead": np.nan if fit is None else fit.overhead,
-                    "best_class": "" if fit is None else fit.best_class,
-                    "class_share": np.nan if fit is None else fit.class_share,
-                    "method": "" if fit is None else fit.method,
-                    "n_used": len(used), "n_points": len(series), "noisy_points": noisy,
-                    "x_min": np.nan if fit is None else fit.x_min,
-                    "x_max": np.nan if fit is None else fit.x_max,
-                    "r2": np.nan if fit is None else fit.r2,
-                    "intercept": np.nan if fit is None else fit.intercept,
-                    "expected": np.nan if expected is None else expected,
-                    "outcome": outcome, "verdict": text,
-                })
-    return pd.DataFrame(rows)
+                expected, at_most = _expected(quantity, variable, fixed["backend"],
+                                              fixed.get("variant", "none"))
+                rows.append(fit_row(quantity, variable, fixed, fit, used, len(series),
+                                    expected, at_most=at_most))
+    from attnbench.studies.variants import window_fits  # it builds on this module
+
+    windows = window_fits(table, [q for q in quantities if q in CLOCKS])
+    return pd.concat([pd.DataFrame(rows), windows], ignore_index=True) if len(windows) \
+        else pd.DataFrame(rows)
+
+
+def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
+            used: pd.DataFrame, n_points: int, expected: float | None, *,
+            at_most: bool = False) -> dict:
+    """One row of :func:`scaling_table`: the fit, its interval and its :func:`verdict`.
+
+    Parameters
+    ----------
+    quantity, variable : str
+        What was fitted against what (``"time"``, ``"L"``).
+    fixed : dict
+        The parameters held fixed (those of :data:`PARAMETERS` not in it are empty).
+    fit : PowerFit or None
+    used : DataFrame
+        The sweep rows the fit used (their ``noisy`` flags are counted).
+    n_points : int
+        Rows of the series, used or not.
+    expected : float or None
+        The claimed exponent (None: only measured).
+    at_most : bool
+        The claim is an upper bound.
+    """
+    outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most)
+    low, high = interval(fit) if fit is not None else (np.nan, np.nan)
+    noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
+
+    def value(name):
+        return np.nan if fit is None else getattr(fit, name)
+
+    return {
+        "quantity": quantity,
+        "clock": CLOCKS[quantity][0] if quantity in CLOCKS else "",
+        "variable": variable, **{p: fixed.get(p, "") for p in PARAMETERS},
+        "slope": value("slope"), "ci_low": low, "ci_high": high, "ci95": value("ci95"),
+        "stderr": value("stderr"), "overhead": value("overhead"),
+        "best_class": "" if fit is None else fit.best_class,
+        "class_share": value("class_share"),
+        "method": "" if fit is None else fit.method,
+        "n_used": len(used), "n_points": n_points, "noisy_points": noisy,
+        "x_min": value("x_min"), "x_max": value("x_max"), "r2": value("r2"),
+        "intercept": value("intercept"),
+        "expected": np.nan if expected is None else expected,
+        "outcome": outcome, "verdict": text,
+    }
 
 
 def fit_from_row(row) -> PowerFit | None:

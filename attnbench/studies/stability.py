@@ -1,6 +1,7 @@
 """The softmax-stability study: what the 1/√d_k scale, the temperature and max-subtraction do.
 
-Three measurements, each a pandas DataFrame:
+Three measurements, each a pandas DataFrame (and the measured gradients of
+:mod:`attnbench.studies.stability_gradients`, shown beside the first):
 
 - :func:`scaling_study`: for d_k = 4 ... 1024, queries and keys with independent
   unit-variance entries (seeded) give logits ``q·k`` (unscaled) or ``q·k/√d_k`` (scaled);
@@ -29,6 +30,12 @@ import pandas as pd
 
 import kernels
 from attnbench.report.sections import Section
+from attnbench.studies.stability_gradients import (
+    VANISHING_FRACTION,
+    gradient_figure,
+    gradient_study,
+    gradient_summary,
+)
 
 __all__ = [
     "D_K_VALUES",
@@ -330,9 +337,15 @@ def _jacobian_path(norms: pd.Series) -> str:
 
 
 def section(scaling: pd.DataFrame | None = None, temperature: pd.DataFrame | None = None,
-            overflow: pd.DataFrame | None = None) -> list[Section]:
-    """The report's softmax-stability sections (scaling, temperature, overflow)."""
+            overflow: pd.DataFrame | None = None,
+            gradients: pd.DataFrame | None = None) -> list[Section]:
+    """The report's softmax-stability sections (scaling, temperature, overflow).
+
+    ``gradients`` (default: :func:`~attnbench.studies.stability_gradients.gradient_study`
+    over :data:`D_K_VALUES`) is shown in the scaling section, after the statistics table.
+    """
     scaling = scaling_study() if scaling is None else scaling
+    gradients = gradient_study(D_K_VALUES) if gradients is None else gradients
     temperature = temperature_study() if temperature is None else temperature
     overflow = overflow_study() if overflow is None else overflow
     columns = ["d_k", "scaled", "logit_var", "max_weight_mean", "entropy_fraction",
@@ -342,15 +355,23 @@ def section(scaling: pd.DataFrame | None = None, temperature: pd.DataFrame | Non
     return [
         Section(
             title="Softmax stability: the 1/√d_k scale", anchor="stability",
-            text=(summary(scaling) + "\n\nJacobian norm: Frobenius norm of diag(p) − ppᵀ, "
-                  "the derivative of the weights with respect to the logits (an upper bound "
-                  "on its spectral norm). Nearly one-hot: largest weight > "
+            text=(summary(scaling) + " " + gradient_summary(gradients)
+                  + "\n\nJacobian norm: Frobenius norm of diag(p) − ppᵀ, the derivative of "
+                  "the weights with respect to the logits (an upper bound on its spectral "
+                  "norm). Nearly one-hot: largest weight > "
                   f"{ONE_HOT_THRESHOLD}; vanishing gradient: Jacobian norm below "
                   f"{SMALL_JACOBIAN}. The last column is the fraction of rows where a float32 "
-                  "softmax without max-subtraction returns inf/NaN or wrong weights."),
-            tables=[("Statistics per d_k, scaled and unscaled", scaling[columns])],
+                  "softmax without max-subtraction returns inf/NaN or wrong weights. The "
+                  "gradients: one backward call per d_k and variant (256 queries, 128 keys, "
+                  "q, k, v and dout ~ N(0, 1)); a row of dQ vanishes below "
+                  f"{VANISHING_FRACTION:g} of the scaled median at its d_k."),
+            tables=[("Statistics per d_k, scaled and unscaled", scaling[columns]),
+                    ("Gradients through kernels.attention_backward: row norms of dQ and dK",
+                     gradients)],
             figures=[("Entropy, largest weight and Jacobian norm against d_k",
-                      scaling_figure(scaling))]),
+                      scaling_figure(scaling)),
+                     ("Measured gradients against d_k, beside the Jacobian norm",
+                      gradient_figure(gradients, scaling))]),
         Section(
             title="Softmax temperature", anchor="temperature",
             text=("Entropy of softmax(x / T) over T from "

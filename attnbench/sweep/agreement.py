@@ -30,6 +30,7 @@ import kernels
 from attnbench.measure import problems
 from attnbench.measure.flops import flops_of_problem, gflops
 from attnbench.measure.machine import (
+    busy_machine,
     gemm_peak_gflops,
     machine_columns,
     machine_record,
@@ -282,12 +283,12 @@ def run_agreement(out: Path, *, grid: str = "default", backends=None,
     except ValueError as exc:
         print(f"attnbench run: error: {exc}", file=sys.stderr)
         return 2, {}, start
-    record = machine_record()
     peaks = {np.dtype(dtype).name: gemm_peak_gflops(dtype) for dtype in (np.float32, np.float64)}
+    record = machine_record()  # after the peak probes, which it lists
     lines = summary_lines(record)
     lines.append("GEMM peak  " + ", ".join(f"{name} {peak:.1f} GFLOP/s (numpy matmul, n=1024)"
                                              for name, peak in peaks.items()))
-    busy = load_1m > 0.5 * (record["usable_cores"] or 1)
+    busy = busy_machine(load_1m, record["usable_cores"] or record["logical_cores"])
     lines.append(f"Load       {load_1m:.2f} (1-min average before the run)" + (
         ": the machine was busy, timings may be noisy" if busy else ""))
     print("\n".join(lines))

@@ -2,7 +2,13 @@
 
 A :class:`Grid` is a cartesian product of values for each parameter of a point
 (sequence length ``L``, head size ``d_k``, ``heads``, ``kv_heads``, ``batch``, mask kind,
-dtype and backend).  A sweep runs the union of one or more grids, so a file can ask
+dtype, backend, ``direction`` and ``variant``).  ``direction`` is ``forward`` (time
+:func:`kernels.attention`) or ``backward`` (time :func:`kernels.attention_backward` with
+the forward's ``out`` and ``lse`` passed in: the forward is not timed).  ``variant`` is an
+attention variant of :mod:`kernels.mods` (:data:`VARIANT_FORMS`): ``none``, ``window-W``
+(``sliding_window(W)``: query i sees keys i-W .. i), ``documents-N`` (N equal documents,
+``document``), ``alibi`` or ``softcap`` (``softcap(30.0)``); see
+:mod:`attnbench.sweep.variants`.  A sweep runs the union of one or more grids, so a file can ask
 for "L from 128 to 4096 for every backend" and "d_k from 16 to 256 for numba only"
 without the full product of both.
 
@@ -16,6 +22,13 @@ the top level holds the parameters (one grid), or a list ``grid`` holds several:
     heads = 4
     mask = ["none", "causal"]
     backend = ["numba", "reference", "numpy", "torch"]
+    direction = ["forward", "backward"]
+
+    [[grid]]                      # time against L·W of causal sliding windows
+    L = [1024, 2048, 4096]
+    mask = "causal"
+    variant = ["none", "window-64", "window-256"]
+    backend = "numba"
 
     [[grid]]                      # time against d_k
     L = 512
@@ -32,8 +45,9 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-__all__ = ["BACKENDS", "DEFAULTS", "DTYPES", "GRIDS", "MASK_KINDS", "Grid", "Point",
-           "expand", "grid_from_mapping", "load_grid_file"]
+__all__ = ["BACKENDS", "DEFAULTS", "DIRECTIONS", "DTYPES", "GRIDS", "MASK_KINDS",
+           "VARIANT_FORMS", "Grid", "Point", "check_variant", "expand", "grid_from_mapping",
+           "load_grid_file", "parse_variant"]
 
 #: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.measure.peers`), and
 #: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).
@@ -45,6 +59,37 @@ BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 MASK_KINDS = ("none", "causal", "padding", "bool")
 
 DTYPES = ("float32", "float64")
+
+#: What a point times: the forward call, or the backward call given the forward's out and lse.
+DIRECTIONS = ("forward", "backward")
+
+#: Spellings of the variant axis (W, N: positive integers; W may be 0).
+VARIANT_FORMS = ("none", "window-W", "documents-N", "alibi", "softcap")
+
+
+def parse_variant(name: str) -> tuple[str, int | None]:
+    """``("window", 64)`` for ``"window-64"``, ``("alibi", None)`` for ``"alibi"``.
+
+    Raises
+    ------
+    ValueError
+        A name not of :data:`VARIANT_FORMS`.
+    """
+    if name in ("none", "alibi", "softcap"):
+        return name, None
+    kind, _, size = str(name).partition("-")
+    if kind in ("window", "documents") and size.isdigit():
+        value = int(size)
+        if kind == "window" or value >= 1:
+            return kind, value
+    raise ValueError(f"variant {name!r} is unknown; expected one of {', '.join(VARIANT_FORMS)} "
+                     "(e.g. window-256, documents-8)")
+
+
+def check_variant(name: str) -> str:
+    """``name`` itself if :func:`parse_variant` accepts it (for argparse and grid files)."""
+    parse_variant(name)
+    return name
 
 
 @dataclass(frozen=True, order=True)
@@ -59,28 +104,39 @@ class Point:
     batch: int
     mask: str  # one of MASK_KINDS
     dtype: str  # "float32" or "float64"
+    direction: str = "forward"  # one of DIRECTIONS
+    variant: str = "none"  # of VARIANT_FORMS
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def problem_key(self) -> tuple:
-        """The problem without the backend: points with the same key get the same inputs."""
-        return (self.L, self.d_k, self.heads, self.kv_heads, self.batch, self.mask, self.dtype)
+        """The problem without the backend: points with the same key share an oracle.
+
+        Points that differ only in backend, direction or variant get the same inputs
+        (:func:`attnbench.sweep.calls.make_inputs`), so their times compare side by side.
+        """
+        return (self.L, self.d_k, self.heads, self.kv_heads, self.batch, self.mask, self.dtype,
+                self.direction, self.variant)
 
     def label(self) -> str:
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        extra = "".join(f" {value}" for value, default in ((self.variant, "none"),
+                        (self.direction, "forward")) if value != default)
         return (f"{self.backend} L={self.L} d_k={self.d_k} H={self.heads}{gqa} "
-                f"B={self.batch} {self.mask} {self.dtype}")
+                f"B={self.batch} {self.mask} {self.dtype}{extra}")
 
 
 #: Value of each grid parameter when a grid does not give it.  kv_heads None: = heads.
 DEFAULTS = {
     "L": (128, 256, 512), "d_k": (64,), "heads": (4,), "kv_heads": (None,), "batch": (1,),
     "mask": ("none",), "dtype": ("float32",), "backend": ("numba", "reference"),
+    "direction": ("forward",), "variant": ("none",),
 }
 #: Other spellings accepted in files (the CLI's flag names).
 ALIASES = {"dk": "d_k", "kv-heads": "kv_heads", "n_kv_heads": "kv_heads", "backends": "backend",
-           "masks": "mask", "dtypes": "dtype", "n_heads": "heads"}
+           "masks": "mask", "dtypes": "dtype", "n_heads": "heads", "directions": "direction",
+           "variants": "variant"}
 
 
 @dataclass(frozen=True)
@@ -95,26 +151,35 @@ class Grid:
     mask: tuple = DEFAULTS["mask"]  # from MASK_KINDS
     dtype: tuple = DEFAULTS["dtype"]  # from DTYPES
     backend: tuple = DEFAULTS["backend"]  # from BACKENDS
+    direction: tuple = DEFAULTS["direction"]  # from DIRECTIONS
+    variant: tuple = DEFAULTS["variant"]  # of VARIANT_FORMS
 
     def __post_init__(self):
         for name in ("L", "d_k", "heads", "batch"):
             _check_ints(name, getattr(self, name), allow_none=False)
         _check_ints("kv_heads", self.kv_heads, allow_none=True)
-        for name, allowed in (("mask", MASK_KINDS), ("dtype", DTYPES), ("backend", BACKENDS)):
+        for name, allowed in (("mask", MASK_KINDS), ("dtype", DTYPES), ("backend", BACKENDS),
+                              ("direction", DIRECTIONS)):
             for value in getattr(self, name):
                 if value not in allowed:
                     raise ValueError(f"{name} {value!r} is unknown; expected one of "
                                      f"{', '.join(allowed)}")
+        if not self.variant:
+            raise ValueError("variant has no values; expected at least one")
+        for value in self.variant:
+            parse_variant(value)
 
     def points(self) -> list[Point]:
         """Every point of the product, kv_heads None replaced by heads."""
         points = []
-        for backend, L, d_k, heads, kv_heads, batch, mask, dtype in itertools.product(
-                self.backend, self.L, self.d_k, self.heads, self.kv_heads, self.batch,
-                self.mask, self.dtype):
+        for backend, direction, variant, L, d_k, heads, kv_heads, batch, mask, dtype in (
+                itertools.product(self.backend, self.direction, self.variant, self.L, self.d_k,
+                                  self.heads, self.kv_heads, self.batch, self.mask,
+                                  self.dtype)):
             points.append(Point(backend=backend, L=L, d_k=d_k, heads=heads,
                                 kv_heads=heads if kv_heads is None else kv_heads,
-                                batch=batch, mask=mask, dtype=dtype))
+                                batch=batch, mask=mask, dtype=dtype, direction=direction,
+                                variant=variant))
         return points
 
 
@@ -212,8 +277,9 @@ def expand(grids) -> list[Point]:
 #: Sequence lengths of the quick grid's scaling series: 256 to 4096, ratio ~1.6.
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
 
-#: Named grids.  "quick" is what ``attnbench run`` sweeps (about a minute on 2 cores);
-#: "tiny" is a smoke test of a few seconds, for the tests.
+#: Named grids.  "quick" is what ``attnbench run`` sweeps (a minute or two on 2 quiet cores);
+#: "tiny" is a smoke test of a few seconds, for the tests (no variant: each new mask
+#: function structure compiles a kernel, ~10 s).
 GRIDS = {
     "quick": (
         # Time, FLOP/s, error and memory against L, no mask and causal: 7 near-geometric
@@ -232,11 +298,24 @@ GRIDS = {
         Grid(L=(1024,), d_k=(16, 32, 64, 128, 256), heads=(4,), backend=("numba",)),
         Grid(L=(1024,), d_k=(64,), heads=(1, 2, 4, 8, 16), backend=("numba",)),
         Grid(L=(1024,), d_k=(64,), heads=(4,), batch=(1, 2, 4, 8), backend=("numba",)),
+        # The backward pass against L (out and lse given; forward not timed), numba and
+        # torch's autograd: the O(L²) time and O(L) memory fits of the gradients.
+        Grid(L=LENGTHS, d_k=(64,), heads=(4,), mask=("none", "causal"),
+             backend=("numba", "torch"), direction=("backward",)),
+        # Causal sliding windows (W = 64, 256) over the lengths where L >= 4W: time
+        # against L·W, and the block-skipping speed-up over the plain causal call (the
+        # L series above); 8 equal documents against the plain non-causal call.
+        Grid(L=LENGTHS[3:], d_k=(64,), heads=(4,), mask=("causal",),
+             variant=("window-64", "window-256"), backend=("numba",)),
+        Grid(L=(1024, 4096), d_k=(64,), heads=(4,), variant=("documents-8",),
+             backend=("numba",)),
     ),
     "tiny": (
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("none", "causal"),
              backend=("numba", "reference", "numpy", "torch")),
         Grid(L=(32,), d_k=(8,), heads=(2,), kv_heads=(1,), mask=("padding", "bool"),
              backend=("numba", "reference")),
+        Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("causal",),
+             backend=("numba", "reference"), direction=("backward",)),
     ),
 }

@@ -6,6 +6,15 @@ function ``executor(points, run_point) -> iterator of rows`` that may yield rows
 order.  :func:`serial_executor` runs them in this process, in order; a parallel executor
 (:class:`attnbench.sweep.cluster.DaskExecutor`) honours the same signature.  Ctrl-C stops
 a sweep and keeps the finished rows.
+
+Unless the caller gives the GEMM peaks, the sweep probes them (:func:`gemm_peak_gflops`)
+:data:`PEAK_PROBES` times, spread through the run, and reads every row's "% of the GEMM
+peak" against the maximum of them all: a peak probed while another process held a core
+would otherwise make the kernels look faster than the machine (above 100%).
+
+Points still noisy after their own budget are measured again at the end of a serial
+sweep, interleaved with their neighbours in L (:mod:`attnbench.sweep.remeasure`), within
+a share :data:`REMEASURE_SHARE` of the sweep's time.
 """
 
 from __future__ import annotations
@@ -20,11 +29,20 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns
-from attnbench.measure.problems import limit_threads, load_average
+from attnbench.measure.probe import default_probe
+from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
 from attnbench.sweep.grid import Point
-from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row
+from attnbench.sweep.remeasure import noisy_rows, read_against_peak, remeasure_noisy
+from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
 
-__all__ = ["SweepResult", "points_summary", "run_sweep", "serial_executor"]
+__all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SweepResult", "points_summary", "run_sweep",
+           "serial_executor"]
+
+#: GEMM peak probes per dtype in a sweep that measures its own peaks: at the start, at
+#: each quarter of the points and at the end.
+PEAK_PROBES = 5
+#: The re-measurement of noisy points may add at most this fraction to a sweep's time.
+REMEASURE_SHARE = 0.25
 
 RunPoint = Callable[[Point], Row]
 Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
@@ -43,7 +61,7 @@ class SweepResult:
     table: pd.DataFrame  # one row per finished point
     interrupted: bool  # True if Ctrl-C stopped the sweep: the table has the finished rows
     seconds: float  # wall-clock time of the sweep
-    gemm_peaks: dict  # dtype name -> GFLOP/s, measured at the start
+    gemm_peaks: dict  # dtype name -> GFLOP/s: the maximum over the probes (or as given)
     n_points: int  # points asked for
     load_average: tuple = (float("nan"), float("nan"))  # 1-min load at the start and end
 
@@ -52,7 +70,8 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
               oracle_limit: int = ORACLE_LIMIT, memory_budget: float | None = None,
               gemm_peaks: dict | None = None, executor: Executor = serial_executor,
               progress: bool = True, with_machine: bool = True,
-              runner: PointRunner | None = None, threads: int | None = None) -> SweepResult:
+              runner: PointRunner | None = None, threads: int | None = None,
+              remeasure_budget: float | None = None) -> SweepResult:
     """Measure every point; Ctrl-C stops the sweep and keeps the finished rows.
 
     Parameters
@@ -68,7 +87,10 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         Bytes a point may need beyond its inputs (the reference's L x L arrays); points
         above are skipped with the estimate.  Default: half of the available memory.
     gemm_peaks : dict, optional
-        dtype name -> GEMM GFLOP/s; measured now for the dtypes of the points if not given.
+        dtype name -> GEMM GFLOP/s, used as given.  If not given, probed for the dtypes of
+        the points :data:`PEAK_PROBES` times through the sweep; every row is read against
+        the maximum (:func:`attnbench.measure.machine.gemm_peak_record`, in the machine
+        record, lists the probes).
     executor : callable, default serial_executor
         ``executor(points, run_point)`` yielding one row per point.
     progress : bool, default True
@@ -82,6 +104,11 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         GEMM peak included; default: as configured.  One thread makes timings on a
         shared machine far steadier: a parallel call waits for its slowest thread, so
         one pre-empted worker costs the whole call a scheduler time slice.
+    remeasure_budget : float, optional
+        Seconds of extra rounds per point still noisy at the end of a serial sweep, spent
+        re-measuring it interleaved with its neighbours in L (all such points together
+        within :data:`REMEASURE_SHARE` of the sweep's time); default ``5 * max_time``,
+        0: no re-measurement.  Rows re-measured say ``remeasured``.
 
     Returns
     -------
@@ -91,9 +118,8 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     load_start = load_average()
     rows, interrupted = [], False
     with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
-        if gemm_peaks is None:
-            gemm_peaks = {name: gemm_peak_gflops(np.dtype(name))
-                          for name in dict.fromkeys(point.dtype for point in points)}
+        peaks = _PeakProbes(points) if gemm_peaks is None else None
+        gemm_peaks = peaks.peaks if peaks is not None else gemm_peaks
         if runner is None:
             runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
                                  memory_budget=memory_budget, gemm_peaks=gemm_peaks)
@@ -107,13 +133,27 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                 rows.append(row)
                 bar.set_postfix_str(_postfix(row), refresh=False)
                 bar.update(1)
+                if peaks is not None:
+                    peaks.after_point(len(rows))
         except KeyboardInterrupt:
             interrupted = True
         finally:
             gc.unfreeze()
             bar.close()
+        if executor is serial_executor and not interrupted:
+            try:  # a row is updated only once its re-measurement is complete
+                _remeasure(rows, runner, started, 5 * max_time if remeasure_budget is None
+                           else remeasure_budget)
+            except KeyboardInterrupt:
+                interrupted = True
+        if peaks is not None and not interrupted:
+            peaks.probe()  # the last probe, at the end of the run
+    if peaks is not None:
+        peaks.apply(rows)
     table = pd.DataFrame(rows)
     if not table.empty:
+        table["remeasured"] = table.get("remeasured", pd.Series(False, index=table.index))
+        table["remeasured"] = table["remeasured"].fillna(False).astype(bool)
         table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
     if with_machine and not table.empty:
         # Rows measured elsewhere (a Dask worker) bring their host's columns; keep them.
@@ -122,6 +162,57 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, load_average()))
+
+
+class _PeakProbes:
+    """The GEMM peak of a sweep: probed at the start, at each quarter and at the end.
+
+    ``peaks`` (dtype name -> GFLOP/s) is updated in place, so the runner reads the best
+    peak so far; :meth:`apply` reads the finished rows against the final maximum.
+    """
+
+    def __init__(self, points: Sequence[Point]):
+        self.dtypes = list(dict.fromkeys(point.dtype for point in points))
+        self.peaks: dict = {}
+        self.used: dict = {name: set() for name in self.dtypes}  # every value handed out
+        n_points = len(points)
+        step = n_points / (PEAK_PROBES - 1)
+        self.due = {round(step * i) for i in range(1, PEAK_PROBES - 1)} - {0, n_points}
+        self.probe(repeat=7)
+
+    def probe(self, repeat: int = 3) -> None:
+        """One probe per dtype; the peak is the maximum of all (machine.gemm_peak_gflops)."""
+        for name in self.dtypes:
+            self.peaks[name] = gemm_peak_gflops(np.dtype(name), repeat=repeat, max_time=1.0)
+            self.used[name].add(self.peaks[name])
+        time.sleep(SETTLE_SECONDS)  # the BLAS workers go idle before the next timing
+
+    def after_point(self, done: int) -> None:
+        if done in self.due:
+            self.probe()
+
+    def apply(self, rows: list[Row]) -> None:
+        """Read the rows that used a probed peak against the final one (% and fault)."""
+        for row in rows:
+            used = self.used.get(row.get("dtype"), ())
+            if row.get("status") == "ok" and row.get("gemm_peak_gflops") in used:
+                read_against_peak(row, self.peaks[row["dtype"]])
+            # else: skipped, failed, or measured against another host's peak
+
+
+def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: float) -> None:
+    """Noisy points measured again with their neighbours (sweep.remeasure), in a share of
+    the sweep's time so far."""
+    if budget <= 0 or not noisy_rows(rows):
+        return
+    time.sleep(SETTLE_SECONDS)  # the last point's worker threads go idle
+
+    def make_call(row: Row):
+        point = Point(**{name: row[name] for name in Point.__dataclass_fields__})
+        return runner.make_call(point, *make_inputs(point))
+
+    remeasure_noisy(rows, make_call, budget=budget, probe=default_probe(),
+                    total_budget=REMEASURE_SHARE * (time.perf_counter() - started))
 
 
 def _postfix(row: Row) -> str:

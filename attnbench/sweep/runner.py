@@ -14,14 +14,26 @@ into a pandas DataFrame with one row per point.  The work is split in two:
   order; a parallel
   executor (e.g. Dask) only has to honour the same signature.
 
-For each point the runner builds the inputs (seeded by the problem, so every backend
-of a problem sees the same arrays), calls the backend once (this compiles, and its
-output is the one checked), times it with :func:`attnbench.measure.timing.measure`, measures
-the peak extra memory of one more call (:func:`attnbench.measure.timing.peak_extra_memory`),
-and compares the checked output with the oracle of :mod:`attnbench.measure.oracle`.  The
-oracle is computed once per problem (cached) with the BLAS on one thread, so that no
-BLAS worker threads are left spinning while the next point is timed; above
-``oracle_limit`` score entries it is skipped and the row says so.
+For each point the runner builds the inputs (seeded by the problem, so every backend,
+direction and variant of a problem sees the same arrays), calls the backend once (this
+compiles, and its output is the one checked), times it with
+:func:`attnbench.measure.timing.measure`, measures the peak extra memory of one more call
+(:func:`attnbench.measure.timing.peak_extra_memory`), and compares the checked output
+with the oracle of :mod:`attnbench.measure.oracle`.  The oracle is computed once per
+problem (cached) with the BLAS on one thread, so that no BLAS worker threads are left
+spinning while the next point is timed; above ``oracle_limit`` score entries it is
+skipped and the row says so.
+
+A ``backward`` point times :func:`kernels.attention_backward` given ``out`` and ``lse``
+from one forward call of the same backend made before timing (the forward is not timed;
+torch's backward runs through autograd on a graph built once,
+:func:`attnbench.measure.peers.make_backward_call`), counts
+:func:`attnbench.measure.flops.backward_flops`, and checks the gradient of largest error
+against its tolerance (:mod:`attnbench.measure.grad_oracle`).  A point with a ``variant``
+adds its score or mask function (:mod:`attnbench.sweep.variants`); its FLOPs count only
+the pairs the mask function leaves visible.  What a backend cannot express (the numpy
+peer's backward, softcap in a peer, a mask function in a backward that takes none) is
+``skipped`` with the reason.
 
 Rows carry the point's parameters, the FLOP count (:mod:`attnbench.measure.flops`, visible
 pairs only), the timing (median, quartiles, IQR, min, runs and calls), GFLOP/s and the
@@ -32,7 +44,6 @@ memory, the error and tolerance, status and reason, and the machine columns.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -43,22 +54,25 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 import kernels
-from attnbench.measure import gpu_device, gpu_timing, peers, problems
-from attnbench.measure.flops import attention_flops, gflops
+from attnbench.measure import gpu_device, gpu_timing, peers
+from attnbench.measure.flops import attention_flops, backward_flops, gflops
+from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
-from attnbench.measure.problems import (
-    SETTLE_SECONDS,
-    ProblemSpec,
-)
+from attnbench.measure.problems import SETTLE_SECONDS
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
-from attnbench.sweep.grid import MASK_KINDS, Point
+from attnbench.sweep.calls import backward_takes_mods, make_call, make_dout, make_inputs
+from attnbench.sweep.grid import Point
+from attnbench.sweep.variants import peer_kwargs, variant_kwargs
 
-__all__ = ["COLUMNS", "ORACLE_LIMIT", "PointRunner", "make_inputs"]
+__all__ = ["COLUMNS", "ORACLE_LIMIT", "PointRunner", "make_dout", "make_inputs"]
 
 #: Bytes the reference (and the oracle) needs per score entry B·H·Lq·Lk, in float64:
 #: scores, the visibility mask, the masked scores, exp and the weights (measured with
 #: tracemalloc: 34 B at L = 2048, 46 B at L = 128 where the linear terms still count).
 REFERENCE_BYTES_PER_SCORE = 40
+#: The reference backward holds about twice as many L x L arrays (P, dP, dS and their
+#: float64 temporaries).
+REFERENCE_BACKWARD_FACTOR = 2
 #: The same for the plain NumPy peer, per byte of the dtype (scores, where, the bool mask).
 NUMPY_BYTES_PER_SCORE_PER_ITEM = 3
 #: Default largest problem (score entries B·H·Lq·Lk) whose oracle is computed.  float64
@@ -74,23 +88,13 @@ GPU_BACKENDS = ("cuda", "torch-cuda")
 CPU_PEAK_SOURCE = "measured: numpy matmul n=1024 on this host"
 #: Columns of a sweep table, in order (then the machine columns).
 COLUMNS = (
-    "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "status", "reason",
+    "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "direction",
+    "variant", "status", "reason",
     "flops", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "calls", "gflops",
     "gemm_peak_gflops", "pct_of_gemm_peak", "peak_source", "threads", "call_overhead_ms",
     "peak_mem_bytes", "base_mem_bytes", "memory_method", "max_abs_err", "tolerance",
     "within_tolerance", "oracle", "point_seconds", "device",
 )
-
-
-def make_inputs(point: Point):
-    """``q, k, v`` (B, H|Hkv, L, d_k) and the masking keyword arguments of ``point``.
-
-    Drawn by :func:`attnbench.measure.problems.make_inputs`: points that differ only in
-    their backend get the same inputs.
-    """
-    spec = ProblemSpec(B=point.batch, H=point.heads, Hkv=point.kv_heads, Lq=point.L,
-                       D=point.d_k).with_mask_kind(point.mask)
-    return problems.make_inputs(spec, point.dtype, seed=MASK_KINDS.index(point.mask))
 
 
 def _size(n_bytes: float) -> str:
@@ -142,6 +146,13 @@ class PointRunner:
         if point.heads % point.kv_heads:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
+        if point.direction == "backward":
+            if point.backend in GPU_BACKENDS:
+                return "skipped: the sweep times backward passes on the CPU only"
+            if point.variant != "none" and point.backend not in peers.PEERS \
+                    and not backward_takes_mods():
+                return ("skipped: kernels.attention_backward takes no score_mod or mask_mod "
+                        "in this version")
         if point.backend in GPU_BACKENDS:
             usable, why = gpu_device.backend_status(point.backend,
                                                      allow_simulator=self.allow_simulator)
@@ -162,7 +173,8 @@ class PointRunner:
         """Memory a call needs beyond its inputs, for the backends that build L x L scores."""
         scores = point.batch * point.heads * point.L * point.L
         if point.backend == "reference":
-            return scores * REFERENCE_BYTES_PER_SCORE
+            factor = REFERENCE_BACKWARD_FACTOR if point.direction == "backward" else 1
+            return scores * REFERENCE_BYTES_PER_SCORE * factor
         if point.backend == "numpy":
             return scores * NUMPY_BYTES_PER_SCORE_PER_ITEM * np.dtype(point.dtype).itemsize
         return 0.0
@@ -181,10 +193,8 @@ class PointRunner:
     # --- measuring ------------------------------------------------------------------------
 
     def make_call(self, point: Point, q, k, v, kwargs):
-        """The function the point times: the public kernels API, or the peer."""
-        if point.backend in peers.PEERS:
-            return peers.make_call(point.backend, q, k, v, kwargs)
-        return functools.partial(kernels.attention, q, k, v, backend=point.backend, **kwargs)
+        """The function the point times (:func:`attnbench.sweep.calls.make_call`)."""
+        return make_call(point, q, k, v, kwargs)
 
     def threads(self, backend: str) -> int | None:
         if backend in peers.PEERS:
@@ -202,10 +212,10 @@ class PointRunner:
         the problem: argument checks, dispatch, thread launch, fixed buffers.
         :mod:`attnbench.studies.scaling` uses both to leave that fixed part out of its fits.
         """
-        key = (point.backend, point.dtype)
+        key = (point.backend, point.dtype, point.direction)
         if key not in self._overheads:
             one = Point(backend=point.backend, L=1, d_k=1, heads=1, kv_heads=1, batch=1,
-                        mask="none", dtype=point.dtype)
+                        mask="none", dtype=point.dtype, direction=point.direction)
             q, k, v, kwargs = make_inputs(one)
             call = self.make_call(one, q, k, v, kwargs)
             seconds = measure(call, warmup=2, repeat=5, max_time=0.05).median
@@ -214,13 +224,23 @@ class PointRunner:
         return self._overheads[key]
 
     def _oracle(self, point: Point, q, k, v, kwargs):
-        """``(exact, plain-error, tolerance)`` of the point's problem, cached per problem."""
+        """The oracle of the point's problem, cached per problem.
+
+        Forward: ``(exact, tolerance)``.  Backward: ``(exact, plain)``, each ``(dq, dk, dv)``
+        (:func:`attnbench.measure.grad_oracle.gradient_oracle`; the tolerance is set per
+        gradient by :func:`~attnbench.measure.grad_oracle.gradient_errors`).
+        """
         key = point.problem_key()
         if key not in self._oracles:
-            problem = kernels.prepare(q, k, v, **kwargs)
+            problem = kernels.prepare(q, k, v, **kwargs,
+                                      **variant_kwargs(point.variant, point.heads, point.L))
             with threadpool_limits(limits=1, user_api="blas"):
-                exact, plain = oracle(problem)  # (B, H, L, D) each
-            self._oracles[key] = (exact, tolerance(exact, plain, problem.dtype))
+                if point.direction == "backward":  # (dq, dk, dv) each
+                    exact, plain = gradient_oracle(problem, make_dout(point, q))
+                    self._oracles[key] = (exact, plain)
+                else:
+                    exact, plain = oracle(problem)  # (B, H, L, D) each
+                    self._oracles[key] = (exact, tolerance(exact, plain, problem.dtype))
             while len(self._oracles) > 8:  # points of one problem are usually close together
                 self._oracles.popitem(last=False)
         return self._oracles[key]
@@ -249,6 +269,8 @@ class PointRunner:
         try:
             result, out = self._time(point)
             row.update(result)
+        except peers.UnsupportedByPeer as exc:
+            row.update(status="skipped", reason=f"skipped: {exc}")
         except Exception as exc:  # MemoryError included: the row records it, the sweep goes on
             row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
         row["point_seconds"] = time.perf_counter() - started
@@ -273,12 +295,16 @@ class PointRunner:
         q, k, v, kwargs = make_inputs(point)
         self._inputs = (point, q, k, v, kwargs)  # for _check, right after, in this process
         B, H, L, D = point.batch, point.heads, point.L, point.d_k
-        flops = attention_flops(B, H, L, L, D, causal=kwargs.get("causal", False),
-                                key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"))
+        count = backward_flops if point.direction == "backward" else attention_flops
+        flops = count(B, H, L, L, D, causal=kwargs.get("causal", False),
+                      key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"),
+                      mask_mod=variant_kwargs(point.variant, H, L).get("mask_mod"))
         if point.backend in GPU_BACKENDS:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
+        if point.direction == "backward":
+            out = (out, getattr(call, "lse", None))  # the gradients, and the lse they used
         # Batches of at least 10 ms (several scheduler time slices: on a shared machine a
         # 1 ms batch is either undisturbed or a whole slice late, and its median flips
         # between the two), up to 15 in max_time and at least 6 (the fewest with a 95%
@@ -308,6 +334,10 @@ class PointRunner:
 
     def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
         """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
+        if point.backend == "cuda":
+            kwargs = {**kwargs, **variant_kwargs(point.variant, point.heads, point.L)}
+        else:
+            kwargs = peer_kwargs(point.variant, kwargs, point.heads, point.L, q.dtype)
         timed = gpu_timing.time_attention(point.backend, q, k, v, kwargs,
                                            max_time=self.max_time)
         peak = gpu_device.device_peak_gflops(point.dtype)
@@ -334,6 +364,13 @@ class PointRunner:
         else:  # checked in another process than it was timed (the Dask executor)
             q, k, v, kwargs = make_inputs(point)
         self._inputs = None
+        if point.direction == "backward":
+            grads, lse = out
+            exact, plain = self._oracle(point, q, k, v, kwargs)
+            errors = gradient_errors(grads, exact, plain, q.dtype, lse)
+            return dict(max_abs_err=errors["max_abs_err"], tolerance=errors["tolerance"],
+                        within_tolerance=errors["within_tolerance"],
+                        oracle=f"{oracle_dtype(point.dtype).name} ({errors['worst']} worst)")
         exact, tol = self._oracle(point, q, k, v, kwargs)
         error = max_abs_error(np.asarray(out).reshape(exact.shape), exact)
         return dict(max_abs_err=error, tolerance=tol, within_tolerance=error <= tol,

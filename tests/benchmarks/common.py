@@ -45,21 +45,32 @@ def run_benchmark(benchmark, fn, point, q, k, v, kwargs):
     the oracle and must be within the tolerance.
     """
     out = np.asarray(fn())
-    benchmark.group = (f"L={point.L} d_k={point.d_k} H={point.heads}/{point.kv_heads} "
-                       f"B={point.batch} {point.mask} {point.dtype}")
-    benchmark(fn)
+    exact, plain = oracle(kernels.prepare(q, k, v, **kwargs))
+    error = max_abs_error(out.reshape(exact.shape), exact)
     flops = attention_flops(point.batch, point.heads, point.L, point.L, point.d_k,
                             causal=kwargs.get("causal", False),
                             key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"))
-    exact, plain = oracle(kernels.prepare(q, k, v, **kwargs))
-    error = max_abs_error(out.reshape(exact.shape), exact)
-    tol = tolerance(exact, plain, q.dtype)
+    timed(benchmark, fn, point, flops, error, tolerance(exact, plain, q.dtype))
+
+
+def timed(benchmark, fn, point, flops: int, error: float, tol: float, group: str = "",
+          **info):
+    """Time ``fn`` with the fixture, grouped by problem, and fill ``extra_info``.
+
+    ``flops`` per call give ``gflops``; ``error`` and ``tol`` (computed by the caller from
+    a call made before, so compilation is not timed) are recorded and ``error <= tol`` is
+    asserted.  ``group`` is appended to the problem's group name; ``info`` goes into
+    ``extra_info`` as is.
+    """
+    benchmark.group = (f"L={point.L} d_k={point.d_k} H={point.heads}/{point.kv_heads} "
+                       f"B={point.batch} {point.mask} {point.dtype}{group}")
+    benchmark(fn)
     median = benchmark.stats.stats.median if benchmark.stats is not None else float("nan")
     benchmark.extra_info.update({
         "backend": point.backend, "L": point.L, "d_k": point.d_k, "heads": point.heads,
         "kv_heads": point.kv_heads, "batch": point.batch, "mask": point.mask,
         "dtype": point.dtype, "flops": flops,
         "gflops": flops / median / 1e9 if median > 0 else float("nan"),
-        "max_abs_err": error, "tolerance": tol,
+        "max_abs_err": error, "tolerance": tol, **info,
     })
     assert error <= tol, f"{point.label()}: error {error:.3g} > tolerance {tol:.3g}"

@@ -1,0 +1,95 @@
+"""``attnbench bench``'s variants section: score and mask functions against the plain call.
+
+Three groups, each timed in interleaved rounds (numba backend, float32, B=1, H=12, D=64):
+
+- ``window``: ``mods.sliding_window(window_left)`` with ``causal=True`` against the same
+  call without the window, at ``window_length``;
+- ``documents``: ``mods.document`` with ``n_documents`` equal documents, non-causal,
+  against the plain non-causal call, at ``documents_length``;
+- ``scores``: ``mods.alibi`` and ``mods.softcap`` against the plain non-causal call, at
+  ``score_length``.
+
+The first call of each function compiles its kernel (untimed: the warm-up).  Rows keep
+their samples (``samples_ms``) for the targets' intervals
+(:mod:`attnbench.bench.interval_targets`).  Two more rows give the cost of
+:func:`kernels.mods.block_mask` (the tile classification, computed once) for the window
+and the documents.  GFLOP/s count the visible pairs only
+(:func:`attnbench.measure.flops.attention_flops` with the call's ``mask_mod``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+import kernels
+from attnbench.bench.config import BenchConfig
+from attnbench.bench.sections import _inputs, _row, interleaved
+from attnbench.measure.flops import attention_flops, gflops
+from attnbench.measure.intervals import format_samples
+from kernels import mods
+
+#: ALiBi slopes of 12 heads (the geometric sequence of the ALiBi paper) and softcap's cap.
+ALIBI_SLOPES = 2.0 ** (-8.0 * np.arange(1, 13) / 12)
+SOFTCAP = 30.0
+
+
+def _group(config: BenchConfig, group: str, L: int, threads: int, causal: bool,
+           calls: dict[str, dict]) -> list[dict]:
+    """Time the numba calls ``name -> keywords`` interleaved (same inputs); one row each.
+
+    GFLOP/s count each call's visible pairs (its ``mask_mod`` included).
+    """
+    B, H, D = config.batch, config.heads, config.head_size
+    q, k, v = _inputs(B, H, L, D, np.float32)
+    timings = interleaved(
+        {name: partial(kernels.attention, q, k, v, backend="numba", causal=causal, **kwargs)
+         for name, kwargs in calls.items()},
+        rounds=max(config.rounds, config.interval_rounds), min_time=config.min_time)
+    rows = []
+    for name, timing in timings.items():
+        flops = attention_flops(B, H, L, L, D, causal=causal,
+                                mask_mod=calls[name].get("mask_mod"))
+        rows.append(_row("variants", "numba", variant=f"{group}: {name}", B=B, H=H, L=L, D=D,
+                         causal=causal, dtype=np.float32, threads=threads,
+                         **timing.ms_columns(), samples_ms=format_samples(timing.samples),
+                         gflops=gflops(flops, timing.median)))
+    return rows
+
+
+def _block_mask_row(config: BenchConfig, name: str, mask_mod, L: int, threads: int) -> dict:
+    """The cost of classifying the tiles of ``mask_mod`` once (after a compiling call)."""
+    mods.block_mask(mask_mod, config.batch, None, L, L)  # compiles
+    seconds = mods.block_mask(mask_mod, config.batch, None, L, L).seconds
+    return _row("variants", "numba", variant=f"block_mask: {name}", B=config.batch,
+                H=config.heads, L=L, D=config.head_size, causal=name == "window",
+                dtype=np.float32, threads=threads, median_ms=seconds * 1e3, runs=1, number=1)
+
+
+def variants_section(config: BenchConfig, threads: int,
+                     progress: Callable[[str], None] = print) -> list[dict]:
+    """The variants section's rows (see the module's docstring)."""
+    rows = []
+    L, left = config.window_length, config.window_left
+    progress(f"variants window left={left} causal vs causal, L={L}")
+    window = mods.sliding_window(left)
+    rows += _group(config, "window", L, threads, True, {
+        "causal": {}, f"causal + window left={left}": {"mask_mod": window}})
+    rows.append(_block_mask_row(config, "window", window, L, threads))
+
+    L, n = config.documents_length, config.n_documents
+    progress(f"variants {n} documents vs plain, non-causal, L={L}")
+    documents = mods.document((np.arange(L) * n // L)[None])  # n equal documents (to a token)
+    rows += _group(config, "documents", L, threads, False, {
+        "plain": {}, f"{n} documents": {"mask_mod": documents}})
+    rows.append(_block_mask_row(config, "documents", documents, L, threads))
+
+    L = config.score_length
+    progress(f"variants alibi and softcap vs plain, non-causal, L={L}")
+    slopes = np.resize(ALIBI_SLOPES, config.heads)
+    rows += _group(config, "scores", L, threads, False, {
+        "plain": {}, "alibi": {"score_mod": mods.alibi(slopes)},
+        "softcap": {"score_mod": mods.softcap(SOFTCAP)}})
+    return rows

@@ -1,0 +1,90 @@
+"""The oracle and the tolerance of a backward pass: gradients judged like the forward.
+
+As for the forward (:mod:`attnbench.measure.oracle`): the gradients ``(dq, dk, dv)`` of a
+backend must lie within twice the error of the same formulas evaluated in the input dtype
+(:func:`kernels.reference_backward.run_backward` with ``compute_dtype`` the input dtype)
+plus a few ulps, against the formulas in the wider dtype (float64 for float32 inputs,
+``np.longdouble`` for float64).  The fused backends rebuild the softmax from a stored
+log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
+from kernels.reference_backward import run_backward
+
+__all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
+
+#: Names of the three gradients, in the order :func:`kernels.attention_backward` returns them.
+GRADIENTS = ("dq", "dk", "dv")
+
+
+def gradient_oracle(problem, dout: np.ndarray):
+    """``(exact, plain)``: the gradients from the oracle and from the formulas in the input dtype.
+
+    Parameters
+    ----------
+    problem : kernels.AttentionProblem
+    dout : ndarray, shape (B, H, Lq, Dv)
+
+    Returns
+    -------
+    exact, plain : tuple of ndarray
+        ``(dq, dk, dv)`` each, in the problem's (B, H|Hkv, L, D) layout.
+    """
+    exact = run_backward(problem, dout, compute_dtype=oracle_dtype(problem.dtype),
+                         keep_precision=True)
+    plain = run_backward(problem, dout, compute_dtype=problem.dtype)
+    return exact, plain
+
+
+def lse_rounding(exact: np.ndarray, lse: np.ndarray) -> float:
+    """The error a stored log-sum-exp brings into gradients recomputed from it.
+
+    The fused backends rebuild P = exp(s − lse) from ``lse`` in the input dtype (as
+    FlashAttention does), which is off from the true value by up to half an ulp of
+    ``|lse|``: every P of that row is then scaled by up to ``1 ± ½ ulp(|lse|)``.  dV is
+    linear in P; dS = P ∘ (dP − δ) carries it through P and through δ = rowsum(dO ∘ O),
+    so the gradients move by at most ``2 · max|exact| · ½ ulp(max|lse|)``.  The plain
+    formula (softmax computed from the scores) has no such term, so a tolerance built
+    from its error alone misses it for large logits (scale = 1, |lse| ~ 10 and more).
+    """
+    finite = np.abs(lse[np.isfinite(lse)])
+    if not finite.size:
+        return 0.0
+    half_ulp = 0.5 * float(np.spacing(finite.max().astype(lse.dtype)))
+    return 2.0 * float(np.max(np.abs(exact), initial=0.0)) * half_ulp
+
+
+def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
+    """The worst gradient against the oracle: its name, error and tolerance.
+
+    Parameters
+    ----------
+    grads, exact, plain : tuple of ndarray
+        ``(dq, dk, dv)`` of the backend, the oracle and the plain formulas (any shapes
+        of the same sizes: the backend's are reshaped to the oracle's).
+    dtype : numpy dtype
+        The inputs' dtype.
+    lse : ndarray, optional
+        The stored log-sum-exp the backend rebuilt the softmax from (fused backends);
+        adds :func:`lse_rounding` to each tolerance.
+
+    Returns
+    -------
+    dict
+        ``worst`` (the gradient of largest error / tolerance), ``max_abs_err``,
+        ``tolerance``, ``within_tolerance`` (every gradient within its own tolerance).
+    """
+    worst, within = None, True
+    for name, g, e, p in zip(GRADIENTS, grads, exact, plain, strict=True):
+        error = max_abs_error(np.asarray(g).reshape(e.shape), e)
+        tol = tolerance(e, p, dtype) + (0.0 if lse is None else lse_rounding(e, lse))
+        within = within and error <= tol
+        ratio = error / tol if tol > 0 else (0.0 if error == 0 else np.inf)
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, name, error, tol)
+    _, name, error, tol = worst
+    return {"worst": name, "max_abs_err": error, "tolerance": tol, "within_tolerance": within}

@@ -1,0 +1,135 @@
+"""A sweep's noisy points measured again, interleaved with their neighbours in L.
+
+A point is *noisy* when its median's 95% interval is wider than the target or the probe
+saw interference while it was timed (:attr:`attnbench.measure.timing.Timing.noisy`), even
+after the rounds :func:`~attnbench.measure.timing.measure` adds within the point's own
+budget: a burst of load lasting a whole point.  :func:`remeasure_noisy` times such a point
+again, later in the run, in alternating rounds with the points next to it in L of the
+same series (same backend, direction, variant, d_k, heads, kv_heads, batch, mask, dtype) via
+:func:`~attnbench.measure.timing.interleaved`, so that a change of load hits the point and
+its neighbours alike, until its interval is tight or its budget is spent.
+
+Its row then holds the new samples and statistics, ``remeasured`` True, ``samples_taken``
+and ``rounds`` counting the first measurement and the re-measurement together, and
+``noisy`` saying whether it is still noisy.  The neighbours' rows are left as they were
+(they were timed only as a yardstick), unless noisy themselves: then they get their own
+re-measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from attnbench.measure.flops import gflops
+from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
+from attnbench.measure.probe import Probe, fault
+from attnbench.measure.timing import Timing, interleaved
+
+__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "neighbours", "noisy_rows", "read_against_peak",
+           "remeasure_noisy"]
+
+#: Columns that identify a series of points along L.
+SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
+               "dtype")
+
+#: Rounds a re-measurement always takes: twice the fewest with an interval, so that a
+#: point once found noisy is not called tight on a handful of fresh samples.
+REMEASURE_ROUNDS = 2 * MIN_INTERVAL_SAMPLES
+
+Clock = Callable[[], float]
+
+
+def _timed_here(row: dict) -> bool:
+    """An ok row timed on the CPU of this process (GPU rows have their own timer)."""
+    return row.get("status") == "ok" and row.get("device", "cpu") == "cpu"
+
+
+def noisy_rows(rows: list[dict]) -> list[int]:
+    """Indices of the ok CPU rows flagged noisy, in order."""
+    return [i for i, row in enumerate(rows) if _timed_here(row) and bool(row.get("noisy"))]
+
+
+def neighbours(rows: list[dict], index: int) -> list[int]:
+    """Indices of the ok CPU rows of the same series with the next smaller and larger L."""
+    series = tuple(rows[index].get(key) for key in SERIES_KEYS)
+    L = rows[index]["L"]
+    same = [i for i, row in enumerate(rows) if i != index and _timed_here(row)
+            and tuple(row.get(key) for key in SERIES_KEYS) == series]
+    below = [i for i in same if rows[i]["L"] < L]
+    above = [i for i in same if rows[i]["L"] > L]
+    return ([max(below, key=lambda i: rows[i]["L"])] if below else []) + (
+        [min(above, key=lambda i: rows[i]["L"])] if above else [])
+
+
+def read_against_peak(row: dict, peak: float) -> None:
+    """Set the row's ``gemm_peak_gflops``, ``pct_of_gemm_peak`` and ``fault`` from ``peak``.
+
+    A percentage above 100 cannot be: it is a fault, and the percentage is left empty.
+    """
+    pct = 100 * row["gflops"] / peak
+    row["gemm_peak_gflops"] = peak
+    row["fault"] = fault(pct, 100, "% of the GEMM peak")
+    row["pct_of_gemm_peak"] = math.nan if row["fault"] else pct
+
+
+def _update(row: dict, timing: Timing) -> None:
+    """The row's timing columns from ``timing``; the counts add to the first measurement's."""
+    taken, rounds = int(row.get("samples_taken") or 0), int(row.get("rounds") or 0)
+    row.update(timing.ms_columns(), **timing.row_columns())
+    row.update(gflops=gflops(row["flops"], timing.median), remeasured=True,
+               samples_taken=taken + timing.taken, rounds=rounds + timing.rounds)
+    if np.isfinite(row.get("gemm_peak_gflops", math.nan)):
+        read_against_peak(row, row["gemm_peak_gflops"])
+
+
+def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,
+                    budget: float, total_budget: float, min_time: float = 0.01,
+                    probe: Probe | None = None, clock: Clock = time.perf_counter,
+                    cpu_clock: Clock = time.process_time,
+                    thread_clock: Clock = time.thread_time,
+                    sleep: Callable[[float], object] = time.sleep) -> int:
+    """Measure the noisy rows again, each interleaved with its neighbours; rows updated in place.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Sweep rows (:class:`attnbench.sweep.runner.PointRunner`): ``status``, ``noisy``,
+        the :data:`SERIES_KEYS`, ``L``, ``flops``, ``samples_taken`` and ``rounds``.
+    make_call : callable
+        ``make_call(row)`` -> the function the row's point times.
+    budget : float
+        Seconds of rounds past the first :data:`REMEASURE_ROUNDS` per noisy point,
+        while it is still noisy.
+    total_budget : float
+        Seconds for the whole pass: no point is started once it is spent.
+    min_time : float, default 0.01
+        Shortest batch (s), as the sweep times its points.
+    probe : Probe, optional
+        Read around every round (rounds it saw disturbed are set aside).
+    clock, cpu_clock, thread_clock, sleep
+        As for :func:`attnbench.measure.timing.interleaved`.
+
+    Returns
+    -------
+    int
+        How many rows were re-measured.
+    """
+    started = clock()
+    done = 0
+    for index in noisy_rows(rows):
+        left = total_budget - (clock() - started)
+        if left <= 0:
+            break
+        group = [index, *neighbours(rows, index)]
+        timings = interleaved({i: make_call(rows[i]) for i in group},
+                              rounds=REMEASURE_ROUNDS, min_time=min_time,
+                              budget=min(budget, left), probe=probe, watch=(index,),
+                              clock=clock, cpu_clock=cpu_clock, thread_clock=thread_clock,
+                              sleep=sleep)
+        _update(rows[index], timings[index])
+        done += 1
+    return done

@@ -1,0 +1,113 @@
+"""A sweep's noisy points re-measured with their neighbours in L, on the synthetic machine of
+``tests/test_timing_noise.py``: the re-measurement alternates with the neighbours, converges
+to a tight interval that covers the truth, and a spent budget leaves the row noisy."""
+
+import math
+
+import numpy as np
+import pytest
+
+from attnbench.measure.intervals import format_samples, parse_samples
+from attnbench.sweep.remeasure import REMEASURE_ROUNDS, neighbours, noisy_rows, remeasure_noisy
+from tests.test_timing_noise import SyntheticMachine, coverage_bounds
+
+LENGTHS = (64, 128, 256, 512, 1024)
+
+
+def true_seconds(L):
+    return 1e-3 * (L / 256) ** 2
+
+
+def sweep_rows(noisy_L=(256,), **series):
+    """One row per L of a numba series, as the runner writes them; ``noisy_L`` flagged."""
+    rows = []
+    for L in LENGTHS:
+        samples = true_seconds(L) * (1 + np.linspace(0, 0.6 if L in noisy_L else 0.01, 6))
+        rows.append({"backend": "numba", "L": L, "d_k": 64, "heads": 4, "kv_heads": 4,
+                     "batch": 1, "mask": "none", "dtype": "float32", "status": "ok",
+                     "device": "cpu", "flops": 4.0 * L * L * 64 * 4,
+                     "median_ms": np.median(samples) * 1e3,
+                     "samples_ms": format_samples(samples), "samples_taken": 6, "rounds": 1,
+                     "noisy": L in noisy_L, "gemm_peak_gflops": 1e6, **series})
+    return rows
+
+
+def traced_calls(machine, log):
+    """``make_call`` for the rows: the synthetic workload of the row's L, logged."""
+    def make_call(row):
+        work = machine.workload(true_seconds(row["L"]))
+
+        def call():
+            log.append(row["L"])
+            work()
+        return call
+    return make_call
+
+
+def test_neighbours_are_the_next_L_of_the_same_series_only():
+    rows = sweep_rows() + sweep_rows(noisy_L=(), mask="causal")
+    rows[1]["status"] = "skipped"  # L = 128 is not a neighbour: nothing was timed
+    assert [rows[i]["L"] for i in neighbours(rows, 2)] == [64, 512]
+    assert [rows[i]["L"] for i in neighbours(rows, 0)] == [256]
+    assert [rows[i]["L"] for i in neighbours(rows, 9)] == [512]  # causal series
+    assert noisy_rows(rows) == [2]
+    rows[3]["device"] = "cuda"  # GPU rows have their own timer: never re-measured here
+    rows[3]["noisy"] = True
+    assert noisy_rows(rows) == [2]
+
+
+def remeasure(machine, rows, log=None, **budgets):
+    budgets = {"budget": 30.0, "total_budget": 60.0, **budgets}
+    return remeasure_noisy(rows, traced_calls(machine, [] if log is None else log),
+                           min_time=0.0, sleep=lambda s: None, **budgets, **machine.clocks())
+
+
+def test_a_noisy_point_is_remeasured_alternating_with_its_neighbours_until_tight():
+    machine = SyntheticMachine(seed=11, noise=0.15)  # 12 samples are not enough for 3%
+    rows, log = sweep_rows(), []
+    before = {i: dict(row) for i, row in enumerate(rows)}
+    assert remeasure(machine, rows, log) == 1
+    row = rows[2]
+    assert row["remeasured"] and not row["noisy"]
+    samples = parse_samples(row["samples_ms"])
+    assert row["samples_taken"] == 6 + samples.size and row["rounds"] > 1 + REMEASURE_ROUNDS
+    low, high = row["ci_low_ms"], row["ci_high_ms"]
+    assert (high - low) / 2 <= 0.03 * row["median_ms"]  # converged to the target
+    assert row["gflops"] == pytest.approx(row["flops"] / (row["median_ms"] / 1e3) / 1e9)
+    assert row["pct_of_gemm_peak"] == pytest.approx(100 * row["gflops"] / 1e6)
+    # Timed only with L = 128 and 512, in alternating rounds (the order rotates).
+    assert set(log) == {128, 256, 512}
+    rounds = [log[i:i + 3] for i in range(6, len(log) - 2, 3)]  # after warm-up, calibration
+    assert all(sorted(chunk) == [128, 256, 512] for chunk in rounds)
+    # The neighbours' rows, quiet, are unchanged.
+    assert all(rows[i] == before[i] for i in (0, 1, 3, 4))
+
+
+def test_remeasured_intervals_cover_the_truth():
+    # Stopping once the interval is tight must not spoil its coverage much.
+    trials, covered = 80, 0
+    for seed in range(trials):
+        rows = sweep_rows()
+        remeasure(SyntheticMachine(seed=100 + seed, noise=0.15), rows)
+        truth_ms = true_seconds(256) * (1 + 0.15 * math.log(2)) * 1e3
+        covered += rows[2]["ci_low_ms"] <= truth_ms <= rows[2]["ci_high_ms"]
+    assert covered >= coverage_bounds(trials)[0]
+
+
+def test_a_spent_budget_leaves_the_row_noisy_and_says_how_many_samples_it_took():
+    machine = SyntheticMachine(seed=12, noise=3.0)  # far too noisy for 3%
+    rows = sweep_rows(noisy_L=(256, 1024))
+    remeasure(machine, rows, budget=0.05, total_budget=10.0)
+    for index in (2, 4):
+        assert rows[index]["remeasured"] and rows[index]["noisy"]
+        assert rows[index]["samples_taken"] > 6 + REMEASURE_ROUNDS  # the first 6, and more
+        # 0.05 s buys a few rounds of ~20-80 ms past the first 12, not the 200 allowed
+        assert rows[index]["rounds"] <= 1 + 1 + REMEASURE_ROUNDS + 8
+
+
+def test_the_total_budget_stops_the_pass():
+    machine = SyntheticMachine(seed=13, noise=3.0)
+    rows = sweep_rows(noisy_L=LENGTHS)
+    # the first point uses up the pass's budget
+    assert remeasure(machine, rows, budget=1.0, total_budget=1e-3) == 1
+    assert [bool(row.get("remeasured")) for row in rows] == [True, False, False, False, False]
