@@ -1,6 +1,6 @@
 """An experimental forward path without BLAS: register-blocked Numba micro-kernels.
 
-The question it answers (issue 14, "the GEMM floor"): can the fused kernel beat its own
+The question it answers ("the GEMM floor"): can the fused kernel beat its own
 BLAS floor by replacing OpenBLAS's tile GEMMs (repacked on every call) with products on
 panels packed once per (batch, head)?  This module is the alternative, measured by
 ``scripts/bench_gemm_floor.py``; it is not a backend.

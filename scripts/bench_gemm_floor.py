@@ -1,4 +1,4 @@
-"""The GEMM floor, measured (issue 14): BLAS tiles against a register-blocked micro-kernel.
+"""The GEMM floor, measured: BLAS tiles against a register-blocked micro-kernel.
 
 Side by side, interleaved (:func:`attnbench.measure.timing.interleaved`: every round times
 each function once, in a rotating order, warm-up and calibration excluded), per point:

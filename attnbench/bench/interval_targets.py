@@ -6,7 +6,7 @@ A ratio of two timings is the ratio of their medians, with the 95% bootstrap int
 *missed* when the whole interval is on the other side, and ``inconclusive`` when the
 interval straddles the goal (or there is none: fewer than six samples).  A target over
 several shapes is missed if one shape misses, met if all are met, and inconclusive
-otherwise.  The goals are issue 12's (backward) and issue 13's (variants).
+otherwise.  The goals: the backward pass's speed and memory, the variants' speed.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _at_least(lengths: list, smallest: int) -> tuple[list, str]:
 
 
 def backward_targets(table: pd.DataFrame, causal_kinds=(False, True)) -> list[dict]:
-    """Issue 12's speed and memory targets of the backward pass."""
+    """The speed and memory targets of the backward pass."""
     rows = table[(table["section"] == "backward") & (table["status"] == "ok")]
     timed = rows[rows["variant"] != MEMORY]
     lengths = sorted(int(L) for L in timed["L"].unique())
@@ -122,7 +122,7 @@ def backward_targets(table: pd.DataFrame, causal_kinds=(False, True)) -> list[di
 
 
 def variant_targets(table: pd.DataFrame, config) -> list[dict]:
-    """Issue 13's speed targets of the score and mask functions (``config``: the names)."""
+    """The speed targets of the score and mask functions (``config``: the names)."""
     rows = table[(table["section"] == "variants") & (table["status"] == "ok")]
 
     def target(name, shape, num_variant, den_variant, goal, at_most):
