@@ -1,37 +1,24 @@
-"""The ``attnbench`` command (also ``python -m attnbench``).
+"""The subcommands that measure: ``run`` (the main job), ``sweep`` and ``bench``.
 
-One subcommand per task, each a ``_add_<name>`` function that declares its arguments
-and a ``_<name>`` function that runs it and returns the exit code; :data:`COMMANDS`
-lists them: ``run`` (the main job), ``sweep`` and ``report``.
+Each is a ``add_<name>`` function declaring its arguments; the work is done by the
+function its parser's ``handler`` names.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from attnbench import __version__
 from attnbench.bench import run as bench_run
 from attnbench.bench.config import SECTIONS
-from attnbench.claims import ledger
+from attnbench.cli.arguments import cluster_spec, positive_int, variant
 from attnbench.job import run_command, sweep_command
-from attnbench.report import build as report_build
-from attnbench.studies import params
-from attnbench.sweep.cluster import parse_cluster
-from attnbench.sweep.grid import (
-    BACKENDS,
-    DEFAULTS,
-    DIRECTIONS,
-    DTYPES,
-    GRIDS,
-    MASK_KINDS,
-    check_variant,
-)
+from attnbench.sweep.grid import BACKENDS, DEFAULTS, DIRECTIONS, DTYPES, GRIDS, MASK_KINDS
 from attnbench.sweep.runner import ORACLE_LIMIT
 
+__all__ = ["add_bench", "add_run", "add_sweep"]
 
-def _add_run(subparsers) -> None:
+
+def add_run(subparsers) -> None:
     parser = subparsers.add_parser(
         "run",
         help="the main job: agreement check, quick sweep, scaling fits, studies, HTML report",
@@ -85,7 +72,7 @@ def _add_run(subparsers) -> None:
                              "are timed anyway (default: %(default)s)")
     parser.add_argument("--sweep-max-time", metavar="SECONDS", type=float, default=0.1,
                         help="timing budget per sweep point (default: %(default)s)")
-    parser.add_argument("--threads", metavar="N", type=_positive_int,
+    parser.add_argument("--threads", metavar="N", type=positive_int,
                         help="run the sweep (and its GEMM peak) on at most N threads: "
                              "Numba, BLAS, OpenMP, torch; 1 gives steadier scaling fits on "
                              "a shared machine (default: all)")
@@ -96,17 +83,7 @@ def _run(args) -> int:
     return run_command(args)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _add_sweep(subparsers) -> None:
+def add_sweep(subparsers) -> None:
     parser = subparsers.add_parser(
         "sweep", help="time, memory and error over a grid of L, d_k, heads, batch, masks, "
                       "directions and variants",
@@ -132,12 +109,12 @@ def _add_sweep(subparsers) -> None:
     )
     grid = parser.add_argument_group("grid (flags)")
     for flag, dest, kwargs in (
-        ("--L", "L", {"type": _positive_int, "metavar": "N", "help": "sequence lengths"}),
-        ("--dk", "dk", {"type": _positive_int, "metavar": "N", "help": "head sizes d_k"}),
-        ("--heads", "heads", {"type": _positive_int, "metavar": "N", "help": "query heads"}),
-        ("--kv-heads", "kv_heads", {"type": _positive_int, "metavar": "N",
+        ("--L", "L", {"type": positive_int, "metavar": "N", "help": "sequence lengths"}),
+        ("--dk", "dk", {"type": positive_int, "metavar": "N", "help": "head sizes d_k"}),
+        ("--heads", "heads", {"type": positive_int, "metavar": "N", "help": "query heads"}),
+        ("--kv-heads", "kv_heads", {"type": positive_int, "metavar": "N",
                                     "help": "key/value heads, for GQA"}),
-        ("--batch", "batch", {"type": _positive_int, "metavar": "N", "help": "batch sizes"}),
+        ("--batch", "batch", {"type": positive_int, "metavar": "N", "help": "batch sizes"}),
         ("--mask", "mask", {"choices": MASK_KINDS, "metavar": "KIND",
                             "help": f"mask kinds, from {', '.join(MASK_KINDS)}"}),
         ("--dtype", "dtype", {"choices": DTYPES, "metavar": "DTYPE",
@@ -150,7 +127,7 @@ def _add_sweep(subparsers) -> None:
                     "given the forward's out and lse; torch through autograd, numpy has "
                     "none)"}),
         ("--variant", "variant", {
-            "type": _variant, "metavar": "NAME",
+            "type": variant, "metavar": "NAME",
             "help": "attention variants (kernels.mods): none, window-W (causal sliding "
                     "window, keys i-W..i), documents-N (N equal documents), alibi, softcap "
                     "(cap 30); FLOPs count only visible pairs"}),
@@ -174,7 +151,7 @@ def _add_sweep(subparsers) -> None:
     parser.add_argument("--max-time", metavar="SECONDS", type=float, default=0.2,
                         help="timing budget per point; at least 3 batches are timed "
                              "(default: %(default)s)")
-    parser.add_argument("--oracle-limit", metavar="N", type=_positive_int,
+    parser.add_argument("--oracle-limit", metavar="N", type=positive_int,
                         default=ORACLE_LIMIT,
                         help="largest problem (score entries B*H*L^2) whose error against "
                              "the oracle is computed; a quarter of it for float64 "
@@ -182,13 +159,13 @@ def _add_sweep(subparsers) -> None:
     parser.add_argument("--memory-budget", metavar="GB", type=float,
                         help="skip points whose L x L arrays would need more (default: half "
                              "of the available memory)")
-    parser.add_argument("--threads", metavar="N", type=_positive_int,
+    parser.add_argument("--threads", metavar="N", type=positive_int,
                         help="at most N threads for Numba, BLAS, OpenMP and torch, GEMM peak "
                              "included; 1 gives steadier scaling fits on a shared machine "
                              "(default: all)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr")
-    parser.add_argument("--cluster", metavar="SPEC", type=_cluster_spec,
+    parser.add_argument("--cluster", metavar="SPEC", type=cluster_spec,
                         help="run the points on Dask (pip install 'attnbench[cluster]'): "
                              "local:N starts N worker processes here (on 127.0.0.1, no "
                              "dashboard); tcp://HOST:PORT uses a running scheduler whose hosts "
@@ -202,119 +179,11 @@ def _add_sweep(subparsers) -> None:
     parser.set_defaults(handler=_sweep)
 
 
-def _variant(text: str) -> str:
-    try:
-        return check_variant(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _cluster_spec(text: str):
-    try:
-        return parse_cluster(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _sweep(args) -> int:
     return sweep_command(args)
 
 
-def _add_report(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "report", help="rebuild the HTML report from saved results, without re-running",
-        description=(
-            "Render FOLDER/report.html from the files 'attnbench run' or 'attnbench sweep' "
-            "wrote there: agreement.csv, sweep.parquet or sweep.csv (the scaling fits are "
-            "recomputed from its rows), sections/ (heat maps and studies as they were "
-            "computed) and machine.json. Nothing is measured again. Prints which command "
-            "wrote each file it read (the page's subtitle says it too); a few seconds. "
-            "Exit status: 0, or 2 if FOLDER holds no results."),
-    )
-    parser.add_argument("folder", metavar="FOLDER", type=Path, nargs="?",
-                        default=Path("reports"),
-                        help="the results folder (default: %(default)s)")
-    parser.add_argument("--html", metavar="FILE", type=Path,
-                        help="where to write the page (default: FOLDER/report.html)")
-    parser.set_defaults(handler=_report)
-
-
-def _report(args) -> int:
-    return report_build.command(args)
-
-
-def _add_verify(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "verify", help="check every claim of the source articles: the claims ledger",
-        description=(
-            "Run the claims ledger: each claim C01-C31 of the source articles is measured "
-            "or computed and gets a verdict decided from the numbers (holds, "
-            "holds-with-caveat with its condition, or does-not-hold). Prints one block per "
-            "claim with the measured values, or a JSON list with --json. A few seconds on 2 "
-            "cores; the timing claims (C12, C27, C29) depend on machine load. Exit status: "
-            "0 if every check ran (whatever the verdicts), 1 if a check raised, 2 for an "
-            "unknown claim id."),
-    )
-    parser.add_argument("--only", nargs="+", metavar="ID",
-                        help="check only these claims, e.g. --only C03 C23 (default: all)")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON list of objects (id, claim, source, verdict, "
-                             "measured, condition, details, seconds, values)")
-    parser.add_argument("--details", action="store_true",
-                        help="also print how each claim was measured")
-    parser.set_defaults(handler=_verify)
-
-
-def _verify(args) -> int:
-    return ledger.command(args)
-
-
-def _add_params(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "params", help="parameter counts of named or custom Transformer configurations",
-        description=(
-            "Count parameters from formulas, by group: attention (W_Q, W_K, W_V, W_O and "
-            "biases), MLP, norms, embeddings (token + position + token type) and head "
-            "(untied LM head, BERT pooler), with each model's published total and the "
-            "difference, and the attention count checked against a real "
-            "kernels.MultiHeadAttention where it fits in memory. Named configurations: "
-            "bert-base, bert-large, gpt2-small, gpt3-175b, llama2-70b, tinyllama-1.1b. A "
-            "custom configuration takes --d-model, --layers, --heads, --d-ff and --vocab "
-            "(and optionally the others); it follows GPT-2's layout (biases, LayerNorm, "
-            "GELU MLP, learned positions, tied head) unless told otherwise. With no "
-            "argument, every named configuration. Exit status: 0, or 2 for a bad "
-            "configuration."),
-    )
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help="named configurations, e.g. bert-base gpt3-175b")
-    parser.add_argument("--all", action="store_true", help="every named configuration")
-    custom = parser.add_argument_group("custom configuration")
-    for flag, help_text in (("--d-model", "model width"), ("--layers", "Transformer blocks"),
-                            ("--heads", "query heads"),
-                            ("--kv-heads", "key/value heads (GQA; default: --heads)"),
-                            ("--d-ff", "MLP hidden width"), ("--vocab", "vocabulary size"),
-                            ("--max-len", "learned positions (0: none, e.g. RoPE; default 0)"),
-                            ("--type-vocab", "token-type embeddings (BERT: 2; default 0)")):
-        custom.add_argument(flag, type=int, metavar="N", help=help_text)
-    custom.add_argument("--mlp", choices=("gelu", "swiglu"),
-                        help="gelu: 2 matrices with biases (default); swiglu: 3 matrices")
-    custom.add_argument("--norm", choices=("layernorm", "rmsnorm"),
-                        help="layernorm: weight + bias (default); rmsnorm: weight only")
-    custom.add_argument("--no-bias", action="store_true",
-                        help="no biases on the attention and MLP projections")
-    custom.add_argument("--untied-head", action="store_true",
-                        help="an LM head of its own (vocab x d_model)")
-    custom.add_argument("--name", default="custom", help="row label (default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print the table as JSON")
-    parser.add_argument("--csv", metavar="FILE", type=Path, help="also write the table here")
-    parser.set_defaults(handler=_params)
-
-
-def _params(args) -> int:
-    return params.command(args)
-
-
-def _add_bench(subparsers) -> None:
+def add_bench(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="the numba backend against torch SDPA and plain NumPy, side by side",
         description=(
@@ -335,18 +204,18 @@ def _add_bench(subparsers) -> None:
             "(--quick: a few minutes in all). Exit status: 0 if numba ran everywhere within the "
             "tolerance (targets met or not), 1 otherwise."),
     )
-    parser.add_argument("--L", type=_positive_int, nargs="+", metavar="N",
+    parser.add_argument("--L", type=positive_int, nargs="+", metavar="N",
                         help="sequence lengths (default: 512 1024 2048 4096 8192)")
-    parser.add_argument("--D", type=_positive_int, nargs="+", metavar="N",
+    parser.add_argument("--D", type=positive_int, nargs="+", metavar="N",
                         help="head sizes: the first for the speed table, all for the GEMM-peak "
                              "check (default: 64 128)")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                         help="causal, non-causal or both (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="smaller shapes (L 256-1024, memory at L=2048), 3 rounds")
-    parser.add_argument("--rounds", type=_positive_int, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="interleaved timing rounds per shape (default: 5; --quick 3)")
-    parser.add_argument("--threads", type=_positive_int, metavar="N",
+    parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="threads for Numba, torch and the BLAS (default: Numba's)")
     parser.add_argument("--peers", nargs="*", choices=("torch", "numpy"), metavar="NAME",
                         help="peers to compare with, from torch, numpy (default: both)")
@@ -361,11 +230,11 @@ def _add_bench(subparsers) -> None:
             ("--window-L", "window_length", "L of the sliding-window variant", 16384),
             ("--documents-L", "documents_length", "L of the 8-documents variant", 8192),
             ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096)):
-        parser.add_argument(flag, dest=dest, type=_positive_int, metavar="N",
+        parser.add_argument(flag, dest=dest, type=positive_int, metavar="N",
                             help=f"{what} (default: {default}; --quick: smaller)")
-    parser.add_argument("--float64-L", dest="float64_L", type=_positive_int, nargs="*",
+    parser.add_argument("--float64-L", dest="float64_L", type=positive_int, nargs="*",
                         metavar="N", help="L of the float64 rows (default: 1024; none: off)")
-    parser.add_argument("--backward-L", dest="backward_L", type=_positive_int, nargs="*",
+    parser.add_argument("--backward-L", dest="backward_L", type=positive_int, nargs="*",
                         metavar="N", help="L of the backward rows (default: 1024 2048 4096)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"run only these sections, from {', '.join(SECTIONS)} "
@@ -382,74 +251,3 @@ def _add_bench(subparsers) -> None:
 
 def _bench(args) -> int:
     return bench_run.command(args)
-
-
-def _add_compare(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "compare", help="compare two result folders: ratios with intervals, CI exit status",
-        description=(
-            "Compare the sweeps of two result folders (two commits, two machines, before and "
-            "after): for every point measured in both, the ratio of the medians B / A with a "
-            "95%% bootstrap interval over the samples, and whether the change is significant "
-            "(the whole interval on one side of 1). Writes OUT/compare.csv and compare.png. "
-            "Exit status: 0, 1 if a point regressed (the whole interval above 1 + "
-            "THRESHOLD), 2 if a folder holds no sweep or the two share no point."),
-    )
-    parser.add_argument("before", metavar="A", type=Path, help="the baseline results folder")
-    parser.add_argument("after", metavar="B", type=Path, help="the results folder to judge")
-    parser.add_argument("--threshold", type=float, default=0.10,
-                        help="relative slow-down a significant change must exceed to be a "
-                             "regression (default: %(default)s)")
-    parser.add_argument("--quantity", choices=("time", "cpu"), default="time",
-                        help="wall-clock time or process CPU time (default: %(default)s)")
-    parser.add_argument("--out", type=Path,
-                        help="where to write compare.csv and compare.png (default: B/compare)")
-    parser.set_defaults(handler=_compare)
-
-
-def _compare(args) -> int:
-    from attnbench.compare import command
-
-    return command(args)
-
-
-#: Subcommands: name -> function adding its parser.
-COMMANDS = {"run": _add_run, "sweep": _add_sweep, "report": _add_report,
-            "verify": _add_verify, "params": _add_params, "bench": _add_bench,
-            "compare": _add_compare}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``attnbench`` command, with every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="attnbench",
-        description="Measure and verify the attention kernels of the kernels package.",
-    )
-    parser.add_argument("--version", action="version", version=f"attnbench {__version__}")
-    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND",
-                                       required=True)
-    for add in COMMANDS.values():
-        add(subparsers)
-    return parser
-
-
-def main(argv=None) -> int:
-    """Entry point of ``attnbench``: parse ``argv`` (default ``sys.argv[1:]``), run, return status.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-
-    Returns
-    -------
-    int
-        The exit status (see each command's ``--help``); 130 after Ctrl-C.
-    """
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except KeyboardInterrupt:
-        # sweeps catch Ctrl-C themselves and keep their rows; elsewhere (the agreement
-        # check, a study) a traceback would say nothing more than this line
-        print(f"\nattnbench {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
