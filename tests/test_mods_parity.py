@@ -17,6 +17,7 @@ import pytest
 import kernels
 from kernels import mods
 
+from .backward_support import backward_oracle, make_dout
 from .support import oracle, tolerance
 
 B, H, HKV, LQ, LK, D = 2, 4, 2, 70, 70, 16
@@ -103,6 +104,51 @@ def test_builtins_match_flex_attention(torch, dtype, backend):
         tol = tolerance(exact, plain, dtype)
         err = np.abs(ours - theirs).max()
         assert err <= 2 * tol, f"{name}: |ours - flex| = {err:.3g} > 2 x tolerance {tol:.3g}"
+
+
+BACKWARD_VARIANTS = ("sliding_window", "alibi", "softcap", "relative_bias", "document",
+                     "window and document + softcap")
+
+
+@pytest.mark.parametrize("dtype, backend", [(np.float32, "numba"), (np.float64, "reference")],
+                         ids=["float32-numba", "float64-reference"])
+def test_builtin_gradients_match_flex_attention_autograd(torch, dtype, backend):
+    """dq, dk, dv through FlexAttention's eager autograd against attention_backward."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    rng = np.random.default_rng(5)
+    Lq = Lk = 28  # small: FlexAttention's eager backward materialises every score
+    q = rng.standard_normal((B, H, Lq, D)).astype(dtype)
+    k = rng.standard_normal((B, HKV, Lk, D)).astype(dtype)
+    v = rng.standard_normal((B, HKV, Lk, D)).astype(dtype)
+    dout = make_dout(q, v)
+    for name, ours_kwargs, flex_score, flex_mask in _flex_variants(torch):
+        if name not in BACKWARD_VARIANTS:
+            continue
+        if "document" in name:  # the documents of the first Lq positions
+            ours_kwargs = {**ours_kwargs, "mask_mod": _shorten_documents(ours_kwargs, Lq)}
+        ours = kernels.attention_backward(q, k, v, dout, backend=backend, **ours_kwargs)
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v))
+        block = None
+        if flex_mask is not None:
+            block = create_block_mask(flex_mask, B, H, Lq, Lk, device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = flex_attention(tq, tk, tv, score_mod=flex_score, block_mask=block,
+                                 enable_gqa=True)
+            out.backward(torch.from_numpy(dout))
+        exact, plain = backward_oracle(q, k, v, dout, **ours_kwargs)
+        for label, g, t, e, p in zip("qkv", ours, (tq, tk, tv), exact, plain, strict=True):
+            err = np.abs(g - t.grad.numpy()).max()
+            tol = tolerance(e, p, dtype)
+            assert err <= 2 * tol, f"{name} d{label}: |ours - flex| = {err:.3g} > 2 x {tol:.3g}"
+
+
+def _shorten_documents(kwargs, L):
+    """The variant's mask with documents cut to the first ``L`` positions (ids alike)."""
+    if "and_masks" in repr(kwargs["mask_mod"]):
+        return mods.and_masks(mods.sliding_window(20), mods.document(DOC_IDS[:, :L]))
+    return mods.document(DOC_IDS[:, :L])
 
 
 @pytest.mark.parametrize("left, right", [(0, 0), (5, 0), (7, 3)])
