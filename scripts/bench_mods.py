@@ -10,7 +10,9 @@ Targets:
 - sliding window (left = 256, causal) at L = 16384: >= 16x faster than causal alone;
   and time against L·W over a small (L, W) grid (a power-law fit: exponent 1 = O(L·W));
 - 8 equal documents at L = 8192, non-causal: >= 6x faster than the plain call;
-- ALiBi or softcap, non-causal, L = 4096: <= 1.3x the plain call.
+- ALiBi or softcap, non-causal, L = 4096: <= 1.3x the plain call;
+- the backward pass (out and lse passed in) with the window (left = 256, causal) at
+  L = 8192 against the causal backward alone (``--backward-only`` runs just this one).
 
 Also the cost of ``kernels.mods.block_mask`` for the window and the documents.  Prints
 Markdown tables and the load average before and after.  On a busy shared machine,
@@ -29,9 +31,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from attnbench.timing import measure  # noqa: E402
-
 import kernels  # noqa: E402
+from attnbench.measure.timing import measure  # noqa: E402
 from kernels import mods  # noqa: E402
 
 
@@ -99,6 +100,8 @@ def main(argv=None):
                         help="process: CPU time of this process (all its threads), which a "
                              "busy shared machine disturbs less than wall time; use it with "
                              "--threads 1 (idle OpenMP threads spin)")
+    parser.add_argument("--backward-only", action="store_true",
+                        help="only the backward comparison (window + causal vs causal)")
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "process" else time.perf_counter
@@ -112,6 +115,10 @@ def main(argv=None):
     print(f"load average before: {loadavg()}; cores: {os.cpu_count()}; numba threads: "
           f"{numba.get_num_threads()}; clock: {args.clock}")
     rows = []
+    backward_window(8192 // div, args.rounds, rows)
+    if args.backward_only:
+        print_targets(rows)
+        return
 
     # 1. sliding window, causal, L = 16384
     L = 16384 // div
@@ -187,6 +194,31 @@ def main(argv=None):
         bm = mods.block_mask(mod, 1, None, Lx, Lx)
         print(f"| {name} | 1, None | {bm.table.size} | {bm.seconds:.4f} |")
 
+    print_targets(rows)
+
+
+def backward_window(L: int, rounds: int, rows: list) -> None:
+    """The backward with a window (left = 256) and causal against causal alone, out and
+    lse from each call's own forward (not timed)."""
+    q, k, v = inputs(L)
+    dout = inputs(L, seed=1)[0]
+    window = mods.sliding_window(256)
+    forward = {name: kernels.attention(q, k, v, causal=True, backend="numba",
+                                       return_lse=True, **kw)
+               for name, kw in (("causal", {}), ("window", {"mask_mod": window}))}
+
+    def backward(name, **kw):
+        out, lse = forward[name]
+        return kernels.attention_backward(q, k, v, dout, out=out, lse=lse, causal=True,
+                                          backend="numba", **kw)
+
+    compare(f"backward: sliding window left=256 causal, L={L}", {
+        "causal backward": lambda: backward("causal"),
+        "causal + window backward": lambda: backward("window", mask_mod=window),
+    }, rounds, ("causal backward", "causal + window backward"), "speed-up", rows)
+
+
+def print_targets(rows: list) -> None:
     print("\n### targets\n\n| target | measured (ratio of medians) | per-round IQR | goal |\n"
           "|---|---|---|---|")
     for title, ratio, lo, hi, goal in rows:
