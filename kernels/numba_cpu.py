@@ -375,7 +375,10 @@ def _all_finite(x):
 # --- the online softmax of one row, shared with the kernel with mods (_numba_mods) ----------
 
 
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+# The two per-tile helpers are inlined into the kernels' Numba IR: as separate functions
+# (17 arguments, arrays passed field by field) the plain forward was ~5% slower at L=4096,
+# inlined ~2% (quiet machine, side by side with the previous kernel).
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
 def _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan, correction,
                  threshold, keep_scale, seed, b, h, i, j0):
     """The online-softmax update of block row ``r`` (tile row ``rr``) by one key tile.
@@ -415,7 +418,7 @@ def _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan
                 s_row[c] *= keep_scale
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _rescale_add(acc, o, correction, r_lo):
     """acc[r_lo + rr] = acc[r_lo + rr] · correction[rr] + o[rr] for every tile row rr."""
     for rr in range(o.shape[0]):
