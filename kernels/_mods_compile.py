@@ -1,4 +1,4 @@
-"""Compiling, checking and evaluating the score and mask functions of :mod:`kernels.mods`.
+"""Compiling and checking the score and mask functions of :mod:`kernels.mods`.
 
 Every function a kernel calls has one of two internal forms, with the bound data as one
 flat tuple ``args`` after the index arguments:
@@ -30,7 +30,18 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
+
+# Dense evaluation, block classification and the user-error wrapper (re-exported: the
+# kernels and kernels.mods reach every mod helper through this module).
+from ._mods_dense import (  # noqa: F401
+    classify_cells,
+    dense_grads,
+    dense_scores,
+    dense_visible,
+    reraise_from_user,
+    run_user_code,
+)
 
 #: Tile classes (int64 in the kernels).
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -322,6 +333,15 @@ def _same_score(score, b, h, q_idx, kv_idx, args):
     return score
 
 
+def user_names(problem) -> tuple:
+    """The user functions of a problem's mods, as error messages name them."""
+    names = ()
+    for mod in (problem.mask_mod, problem.score_mod):
+        if mod is not None:
+            names += mod.user_names
+    return names
+
+
 def identity_mask(target: str):
     """(element, tile) of the mask that hides nothing."""
     jit = jit_for(target)
@@ -333,118 +353,16 @@ def identity_score(target: str):
     return memo(("no_score", target), lambda: jit_for(target)(_same_score))
 
 
-# --- dense evaluation (the reference) and block classification --------------------------------
+def identity_score_grad(target: str, dtype):
+    """The derivative of :func:`identity_score`: 1 in the scores' dtype."""
+    F = scalar_type(dtype)
 
+    def build():
+        def unit(score, b, h, q_idx, kv_idx, args):
+            return F(1)
+        return jit_for(target)(unit)
 
-@njit(parallel=True)
-def _dense_visible(element, args, out):
-    B, H, Lq, Lk = out.shape
-    for bh in prange(B * H):
-        b, h = bh // H, bh % H
-        for i in range(Lq):
-            for j in range(Lk):
-                out[b, h, i, j] = element(b, h, i, j, args)
-
-
-@njit
-def _dense_scores(element, args, scores):
-    B, H, Lq, Lk = scores.shape
-    for b in range(B):
-        for h in range(H):
-            for i in range(Lq):
-                for j in range(Lk):
-                    scores[b, h, i, j] = element(scores[b, h, i, j], b, h, i, j, args)
-
-
-@njit
-def _dense_grads(element, args, scores, out):
-    B, H, Lq, Lk = scores.shape
-    for b in range(B):
-        for h in range(H):
-            for i in range(Lq):
-                for j in range(Lk):
-                    out[b, h, i, j] = element(scores[b, h, i, j], b, h, i, j, args)
-
-
-@njit(parallel=True)
-def _classify_cells(tile, args, table, Lq, Lk, cell_q, cell_k):
-    """table[b, h, ci, cj] = tile class of queries [ci·cell_q, ...) x keys [cj·cell_k, ...)."""
-    B, H, n_q, n_k = table.shape
-    for task in prange(B * H * n_q):
-        bh, ci = task // n_q, task % n_q
-        b, h = bh // H, bh % H
-        i0 = ci * cell_q
-        i1 = min(i0 + cell_q, Lq)
-        for cj in range(n_k):
-            j0 = cj * cell_k
-            table[b, h, ci, cj] = tile(b, h, i0, i1, j0, min(j0 + cell_k, Lk), args)
-
-
-def reraise_from_user(user_names: tuple, exc: BaseException):
-    """ValueError naming the user functions, chained from what one of them raised.
-
-    An exception raised inside Numba's parallel loops reaches Python as a SystemError whose
-    context is the original exception: that original is the one reported.
-    """
-    original = exc
-    if isinstance(exc, SystemError) and exc.__context__ is not None:
-        original = exc.__context__
-    names = " or ".join(user_names) if user_names else "a score or mask function"
-    raise ValueError(f"{names} raised {type(original).__name__}: {original}") from original
-
-
-def run_user_code(user_names: tuple, call, *call_args):
-    """``call(*call_args)``; an exception from a user function becomes a ValueError naming it."""
-    if not user_names:
-        return call(*call_args)
-    try:
-        return call(*call_args)
-    except Exception as exc:  # raised inside a user function (nothing else raises here)
-        reraise_from_user(user_names, exc)
-
-
-def dense_visible(mod, B: int, H: int, Lq: int, Lk: int) -> np.ndarray:
-    """The mask ``mod`` evaluated on every pair: bool (B, H, Lq, Lk)."""
-    out = np.empty((B, H, Lq, Lk), dtype=np.bool_)
-    if out.size:
-        run_user_code(mod.user_names, _dense_visible, mod.element("cpu", np.float64),
-                      mod.args(np.float64), out)
-    return out
-
-
-def dense_scores(mod, scores: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """``mod`` applied to every score (B, H, Lq, Lk), evaluated in ``dtype`` (a new array).
-
-    ``dtype`` is float64 for the reference (float32 for a plain float32 evaluation);
-    any other dtype (``np.longdouble``) is evaluated in float64.
-    """
-    work = np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.float64
-    out = np.array(scores, dtype=work, copy=True)
-    if out.size:
-        with np.errstate(all="ignore"):
-            run_user_code(mod.user_names, _dense_scores, mod.element("cpu", work),
-                          mod.args(work), out)
-    return out.astype(scores.dtype, copy=False)
-
-
-def dense_grads(mod, scores: np.ndarray) -> np.ndarray:
-    """d mod / d score at every score (B, H, Lq, Lk), in the scores' dtype."""
-    work = np.dtype(scores.dtype)
-    grad = mod.grad("cpu", work)
-    out = np.empty_like(scores)
-    if out.size:
-        run_user_code(mod.user_names, _dense_grads, grad, mod.args(work),
-                      np.ascontiguousarray(scores), out)
-    return out
-
-
-def classify_cells(mod, B: int, H: int, Lq: int, Lk: int, cell_q: int, cell_k: int):
-    """Tile classes (B, H, ceil(Lq / cell_q), ceil(Lk / cell_k)) int8 of mask ``mod``."""
-    table = np.empty((B, H, -(-Lq // cell_q), -(-Lk // cell_k)), dtype=np.int8)
-    if table.size:
-        run_user_code(mod.user_names, _classify_cells, mod.tile("cpu"), mod.args(np.float64),
-                      table, Lq, Lk, cell_q, cell_k)
-    return table
+    return memo(("no_score_grad", target, np.dtype(dtype).name), build)
 
 
 def probe_types(arrays: tuple) -> tuple:

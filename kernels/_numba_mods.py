@@ -32,24 +32,26 @@ from numba import njit, prange
 from . import _mods_compile as mc
 from . import numba_cpu
 from ._dropout import dropout_threshold
+from ._mods_compile import user_names
 from ._validate import AttentionProblem
 from .numba_cpu import (
     _FASTMATH,
     BLOCK_K,
     _adds_to_scores,
     _all_finite,
-    _dropout_bits,
-    _from_max_key,
+    _finish_rows,
     _mask_score,
     _mask_tile_count,
     _max_key,
+    _rescale_add,
     _scores_by_blas,
     _scores_by_loops,
+    _softmax_row,
     _task_block,
     _values_by_blas,
     _values_by_loops,
     block_rows,
-    fast_exp,
+    float_constants,
     is_small,
     launch_guard,
     single_threaded_blas,
@@ -126,17 +128,16 @@ def mask_block_rows(problem: AttentionProblem, tile_fn, mask_args, largest: int)
 @njit(fastmath=_FASTMATH, error_model="numpy")
 def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                        scale, threshold, keep_scale, seed, out, weights, want_weights,
-                       b, h, i0, i1, block_k, cell_k, blas,
+                       b, h, i0, i1, block_k, cell_k, blas, lse,
                        mask_fn, tile_fn, mask_args, score_fn, score_args):
-    """Attention for query rows [i0, i1) of batch b, head h, with the mod functions."""
+    """Attention for query rows [i0, i1) of batch b, head h, with the mod functions; also
+    writes ``lse[b, h, i]`` as :func:`kernels.numba_cpu._attend_block` does."""
     dtype = q.dtype
     hk = h // (q.shape[1] // k.shape[1])
     Dv = v.shape[3]
     n_rows = i1 - i0
-    zero = scale - scale  # 0, 1 and -inf in the input dtype (a literal would be float64)
+    zero, _, neg_inf = float_constants(scale)  # in the input dtype
     correction = np.ones(n_rows, dtype=dtype)  # exp(m_old - m_new) of the current tile
-    one = correction[0]
-    neg_inf = -one / zero
     s_buf = np.empty(n_rows * block_k, dtype=dtype)  # scores, then P, of a tile
     o_buf = np.empty((n_rows, Dv), dtype=dtype)  # P · V of a tile
     acc = np.zeros((n_rows, Dv), dtype=dtype)  # unnormalised output rows
@@ -224,30 +225,8 @@ def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causa
             if want_weights:
                 for c in range(nk):
                     weights[b, h, i, j0 + c] = s_row[c]
-            correction[rr] = one
-            if n_visible == 0:  # the row sees no key of this tile
-                s_row[:] = zero
-                continue
-            tile_max = _from_max_key(key_max)  # ignores some NaNs: caught by the sum
-            m_old = row_max[r]
-            m_new = max(m_old, tile_max)
-            if m_new > m_old:
-                correction[rr] = fast_exp(m_old - m_new)
-                row_max[r] = m_new
-            total = zero
-            for c in range(nk):
-                p = fast_exp(s_row[c] - m_new)
-                s_row[c] = p
-                total += p
-            if total != total or tile_max == -neg_inf:  # a visible NaN or +inf score
-                row_nan[r] = True
-            row_sum[r] = row_sum[r] * correction[rr] + total
-            if threshold > 0:  # dropout: after the sum, which counts every weight
-                for c in range(nk):
-                    if _dropout_bits(seed, b, h, i, j0 + c) < threshold:
-                        s_row[c] = zero
-                    else:
-                        s_row[c] *= keep_scale
+            _softmax_row(s_row, nk, n_visible, key_max, r, rr, row_max, row_sum, row_nan,
+                         correction, threshold, keep_scale, seed, b, h, i, j0)
         v_tile = v[b, hk, j0:j1]  # (nk, Dv)
         o = o_buf[:rows]
         # A BLAS product would turn a hidden NaN value into 0 · NaN: a partly hidden tile
@@ -256,36 +235,15 @@ def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causa
             _values_by_loops(s, v_tile, o)
         else:
             _values_by_blas(s, v_tile, o)
-        for rr in range(rows):
-            c_r = correction[rr]
-            acc_row = acc[r_lo + rr]
-            for d in range(Dv):
-                acc_row[d] = acc_row[d] * c_r + o[rr, d]
+        _rescale_add(acc, o, correction, r_lo)
 
-    for r in range(n_rows):
-        i = i0 + r
-        nan_row = row_nan[r]
-        inv_sum = zero
-        if row_sum[r] > zero:
-            inv_sum = one / row_sum[r]
-        for d in range(Dv):
-            out[b, h, i, d] = acc[r, d] * inv_sum if not nan_row else zero / zero
-        if want_weights:
-            m = row_max[r]
-            for jj in range(weights.shape[3]):
-                score = weights[b, h, i, jj]
-                if nan_row:
-                    weights[b, h, i, jj] = zero / zero
-                elif score == neg_inf:
-                    weights[b, h, i, jj] = zero
-                else:
-                    weights[b, h, i, jj] = fast_exp(score - m) * inv_sum
+    _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse, b, h, i0)
 
 
 @njit(parallel=True)
 def _attention_mods_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                              causal_offset, scale, threshold, keep_scale, seed, out, weights,
-                             want_weights, block_q, block_k, cell_k, blas,
+                             want_weights, block_q, block_k, cell_k, blas, lse,
                              mask_fn, tile_fn, mask_args, score_fn, score_args):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     n_blocks = (Lq + block_q - 1) // block_q
@@ -295,13 +253,13 @@ def _attention_mods_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths,
         _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                            causal_offset, scale, threshold, keep_scale, seed, out, weights,
                            want_weights, bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k,
-                           cell_k, blas, mask_fn, tile_fn, mask_args, score_fn, score_args)
+                           cell_k, blas, lse, mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
 @njit
 def _attention_mods_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                            causal_offset, scale, threshold, keep_scale, seed, out, weights,
-                           want_weights, block_q, block_k, cell_k, blas,
+                           want_weights, block_q, block_k, cell_k, blas, lse,
                            mask_fn, tile_fn, mask_args, score_fn, score_args):
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     for b in range(B):
@@ -310,7 +268,7 @@ def _attention_mods_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, c
                 _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                                    causal_offset, scale, threshold, keep_scale, seed, out,
                                    weights, want_weights, b, h, i0, min(i0 + block_q, Lq),
-                                   block_k, cell_k, blas, mask_fn, tile_fn, mask_args,
+                                   block_k, cell_k, blas, lse, mask_fn, tile_fn, mask_args,
                                    score_fn, score_args)
 
 
@@ -335,18 +293,10 @@ def mod_arguments(problem: AttentionProblem, target: str = "cpu"):
     return mask_fn, tile_fn, mask_args, score_fn, score_args
 
 
-def user_names(problem: AttentionProblem) -> tuple:
-    """The user functions of a problem, as error messages name them."""
-    names = ()
-    for mod in (problem.mask_mod, problem.score_mod):
-        if mod is not None:
-            names += mod.user_names
-    return names
-
-
 def run(problem: AttentionProblem, *, parallel: bool | None = None,
-        use_blas: bool | None = None):
-    """Fused attention with the problem's mod functions; returns ``(out, weights or None)``.
+        use_blas: bool | None = None, return_lse: bool = False):
+    """Fused attention with the problem's mod functions; returns ``(out, weights or None)``
+    and, with ``return_lse``, the log-sum-exp ``lse`` (B, H, Lq) last.
 
     Parameters as :func:`kernels.numba_cpu.run`.
     """
@@ -358,8 +308,10 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
     else:
         weights = np.empty((1, 1, 1, 1), dtype=dtype)  # unused; keeps one signature
     out = np.empty((B, H, Lq, Dv), dtype=dtype)
+    lse = np.empty((B, H, Lq), dtype=dtype)
+    result = (out, weights if problem.return_weights else None)
     if B * H * Lq == 0:
-        return out, (weights if problem.return_weights else None)
+        return result + (lse,) if return_lse else result
     from .numba_cpu import _mask_arguments
 
     mask, mask_strides, has_mask = _mask_arguments(problem, dtype)
@@ -378,14 +330,14 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         dtype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         out, weights, problem.return_weights,
-        block_q, BLOCK_K, cell_k, True if use_blas else None,
+        block_q, BLOCK_K, cell_k, True if use_blas else None, lse,
     ) + mods_args
     kernel = _attention_mods_parallel if parallel else _attention_mods_serial
     guarded = use_blas and parallel
     with (launch_guard() if parallel else _null()), (single_threaded_blas() if guarded
                                                      else _null()):
         mc.run_user_code(user_names(problem), kernel, *args)
-    return out, (weights if problem.return_weights else None)
+    return result + (lse,) if return_lse else result
 
 
 def _null():

@@ -11,7 +11,7 @@ import importlib
 import numpy as np
 
 from . import _backends
-from ._validate import check_attention_args, check_backend, check_backward_args
+from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
 
 _BACKWARD_MODULES = {
     "reference": "kernels.reference_backward",
@@ -26,7 +26,8 @@ def backward_module(name: str):
 
 
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=None,
-                       key_lengths=None, scale=None, dropout_p=0.0, seed=None, backend="auto"):
+                       key_lengths=None, scale=None, dropout_p=0.0, seed=None, backend="auto",
+                       score_mod=None, mask_mod=None):
     """Gradients of ``sum(dout * attention(q, k, v, ...))`` with respect to q, k and v.
 
     Parameters
@@ -45,6 +46,11 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     causal, mask, key_lengths, scale, dropout_p, seed, backend
         As in :func:`kernels.attention`. Masks are constants: no gradient flows to them.
         With ``dropout_p > 0`` pass the forward's ``seed``: the same weights are dropped.
+    score_mod, mask_mod : optional
+        As in :func:`kernels.attention` (the same functions as the forward's).  The
+        gradient flows through ``score_mod`` by its derivative with respect to the score:
+        built-ins carry theirs; a user function needs one
+        (``kernels.mods.score_mod(fn, *arrays, grad=dfn)``).
 
     Returns
     -------
@@ -66,7 +72,8 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     ------
     TypeError, ValueError
         As :func:`kernels.attention`; also a ``dout``, ``out`` or ``lse`` of the wrong
-        shape or dtype (the message names the argument).
+        shape or dtype (the message names the argument), and a user ``score_mod`` without
+        a derivative (ValueError naming the function).
 
     Examples
     --------
@@ -83,6 +90,9 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed,
     )
+    problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
+    if problem.score_mod is not None:
+        problem.score_mod.grad("cpu", problem.dtype)  # ValueError naming it if it has none
     q_shape = np.shape(q)
     dout, out, lse = check_backward_args(problem, q_shape, dout, out, lse)
     name = _backends.resolve(backend, problem)

@@ -32,9 +32,12 @@ own column of the score tile (consecutive threads, consecutive words: no bank
 conflict).  No warp shuffles are used, so the same kernel runs in Numba's CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``), where the tests run it with tiny tiles.
 
-Kernels are built per dtype by :func:`_kernel_source` so that every constant
+Kernels are built per dtype by :func:`kernel_source` so that every constant
 has the input dtype: the float32 kernel contains no float64 instruction
-(:func:`compile_ptx_all` and the tests check its PTX).
+(:func:`compile_ptx_all` and the tests check its PTX).  The same source serves calls with
+:mod:`kernels.mods` functions (:mod:`kernels._cuda_mods` compiles it with them; here with
+the identities): a tile the mask function hides from every row of the block is not
+loaded, and in a partial tile a hidden key is skipped before its dot product.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from . import _mods_compile as mc
 from ._dropout import build_dropout_bits, dropout_threshold
 from ._validate import AttentionProblem, check_options, check_qkv
 
@@ -77,6 +81,8 @@ BLOCK_K = 4 if SIMULATOR else 64
 # compile_ptx_all work without a GPU (numba-cuda compiles a non-inlined device function
 # for the current device's compute capability, which needs a driver).
 _device = cuda.jit(device=True, inline="always")
+EMPTY, FULL = mc.EMPTY, mc.FULL  # tile classes of a mask function
+
 _dropout_bits = build_dropout_bits(_device)  # the hash every backend shares
 
 # The simulator is not thread-safe: a launch configures the kernel object in place and swaps
@@ -129,18 +135,15 @@ def make_dot(F):
     return dot
 
 
-def _kernel_source(dtype):
-    """The attention kernel for ``dtype`` as a plain Python function (not yet compiled).
-
-    All constants are created in ``dtype`` here, so no literal promotes float32 to float64.
-    """
-    F = numba.from_dtype(np.dtype(dtype))  # the numba scalar type, also a cast inside kernels
+def tile_functions(F):
+    """``(load_tile, accumulate_tile, finish_row)``: the device functions of one thread's
+    online softmax in the numba type ``F``, shared by this kernel and the kernel with
+    compiled mods (:mod:`kernels._cuda_mods`)."""
     ZERO = F(0)
     ONE = F(1)
     NEG_INF = F(-np.inf)
     NAN = F(np.nan)
     NO_DROPOUT = np.uint64(0)
-    dot_product = make_dot(F)
 
     @_device
     def load_tile(tiles, offset, src, b, hk, j0, n_keys, t, block_q):
@@ -164,30 +167,6 @@ def _kernel_source(dtype):
             if d >= width:
                 d -= width
                 kk += 1
-
-    @_device
-    def score_tile(q_row, tiles, s_off, t, block_q, D, n_keys, j0, mask, mask_row, mask_sj,
-                   has_mask, scale, weights, want_weights, b, h, i, row_nan):
-        """Scores of row i against the first ``n_keys`` keys of the tile; returns the tile max."""
-        tile_max = NEG_INF
-        for kk in range(n_keys):
-            j = j0 + kk
-            score = ZERO
-            if has_mask:
-                score = mask[mask_row + j * mask_sj]
-                if score == NEG_INF:  # hidden: k[j] and v[j] are not used
-                    tiles[s_off + kk * block_q + t] = NEG_INF
-                    continue
-            dot = dot_product(q_row, 0, tiles, kk * D, D)
-            score += dot * scale
-            tiles[s_off + kk * block_q + t] = score
-            if want_weights:
-                weights[b, h, i, j] = score
-            if score > tile_max:
-                tile_max = score
-            elif score != score:
-                row_nan = True
-        return tile_max, row_nan
 
     @_device
     def accumulate_tile(acc, tiles, v_off, s_off, t, block_q, Dv, n_keys, j0, tile_max,
@@ -235,33 +214,76 @@ def _kernel_source(dtype):
                 else:
                     weights[b, h, i, j] = F(math.exp(score - row_max)) * inv_sum
 
+    return load_tile, accumulate_tile, finish_row
+
+
+def kernel_source(dtype, mask_fn, tile_fn, score_fn):
+    """The attention kernel for ``dtype`` with the given :mod:`kernels.mods` device functions
+    (element mask, tile classification, score function), as a plain Python function.
+
+    Without mods (:func:`_kernel_source`) they are the identities: every tile FULL (no
+    per-element check), the score unchanged.  All constants are created in ``dtype`` here,
+    so no literal promotes float32 to float64.
+    """
+    F = numba.from_dtype(np.dtype(dtype))
+    ZERO = F(0)
+    NEG_INF = F(-np.inf)
+    dot_product = make_dot(F)
+    load_tile, accumulate_tile, finish_row = tile_functions(F)
+
+    @_device
+    def score_tile(q_row, tiles, s_off, t, block_q, D, n_keys, j0, mask, mask_row, mask_sj,
+                   has_mask, scale, weights, want_weights, b, h, i, row_nan, check_each,
+                   mask_args, score_args):
+        """Scores of row i against the tile (hidden keys skipped); returns the tile max."""
+        tile_max = NEG_INF
+        for kk in range(n_keys):
+            j = j0 + kk
+            if check_each and not mask_fn(b, h, i, j, mask_args):
+                tiles[s_off + kk * block_q + t] = NEG_INF  # hidden: k[j], v[j] not used
+                continue
+            extra = ZERO
+            if has_mask:
+                extra = mask[mask_row + j * mask_sj]
+                if extra == NEG_INF:
+                    tiles[s_off + kk * block_q + t] = NEG_INF
+                    continue
+            dot = dot_product(q_row, 0, tiles, kk * D, D)
+            score = F(score_fn(dot * scale, b, h, i, j, score_args)) + extra
+            tiles[s_off + kk * block_q + t] = score
+            if want_weights:
+                weights[b, h, i, j] = score
+            if score > tile_max:
+                tile_max = score
+            elif score != score:
+                row_nan = True
+        return tile_max, row_nan
+
     def attention_kernel(q, k, v, mask, mask_sb, mask_sh, mask_si, mask_sj, has_mask,
                          key_lengths, causal, causal_offset, scale, threshold, keep_scale, seed,
-                         out, weights, want_weights, block_k, lse):
-        # q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), out (B, H, Lq, Dv),
-        # weights (B, H, Lq, Lk) or a dummy, mask flat with element strides mask_s*,
-        # lse (B, H, Lq): log-sum-exp of each row's scores.
+                         out, weights, want_weights, block_k, lse, mask_args, score_args):
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
         Dv = v.shape[3]
         t = cuda.threadIdx.x
         block_q = cuda.blockDim.x
         n_tiles = (Lq + block_q - 1) // block_q
-        bh = cuda.blockIdx.x // n_tiles  # (batch, head) of this block
+        bh = cuda.blockIdx.x // n_tiles
         b = bh // H
         h = bh % H
-        hk = h // (H // k.shape[1])  # GQA/MQA: the kv head of query head h
+        hk = h // (H // k.shape[1])
         i0 = (cuda.blockIdx.x % n_tiles) * block_q
-        i = i0 + t  # this thread's query row
-        active = i < Lq  # threads past Lq still load tiles and reach every syncthreads
+        i_end = min(i0 + block_q, Lq)  # the block's rows are [i0, i_end)
+        i = i0 + t
+        active = i < Lq
 
-        tiles = cuda.shared.array(0, F)  # K tile | V tile | score tile, see the module doc
+        tiles = cuda.shared.array(0, F)
         v_off = block_k * D
         s_off = block_k * (D + Dv)
-        q_row = cuda.local.array(MAX_HEAD_DIM, F)  # (D,)
-        acc = cuda.local.array(MAX_HEAD_DIM, F)  # (Dv,) unnormalised output row
-        row_max = NEG_INF  # running max m
-        row_sum = ZERO  # running sum ℓ
-        row_nan = False  # a visible score was NaN
+        q_row = cuda.local.array(MAX_HEAD_DIM, F)
+        acc = cuda.local.array(MAX_HEAD_DIM, F)
+        row_max = NEG_INF
+        row_sum = ZERO
+        row_nan = False
         if active:
             for d in range(D):
                 q_row[d] = q[b, h, i, d]
@@ -271,25 +293,29 @@ def _kernel_source(dtype):
                 for j in range(weights.shape[3]):
                     weights[b, h, i, j] = NEG_INF
 
-        # Keys any row of the block can see: tiles past them are never loaded.
         key_end = key_lengths[b]
         row_end = key_end
         if causal:
-            key_end = min(key_end, min(i0 + block_q, Lq) + causal_offset)
+            key_end = min(key_end, i_end + causal_offset)
             row_end = min(row_end, i + causal_offset + 1)
         mask_row = b * mask_sb + h * mask_sh + i * mask_si
 
         for j0 in range(0, key_end, block_k):
             n_keys = min(block_k, key_end - j0)
-            cuda.syncthreads()  # everyone is done with the previous tile
+            # The same answer in every thread of the block: it branches as one.
+            cls = tile_fn(b, h, i0, i_end, j0, j0 + n_keys, mask_args)
+            if cls == EMPTY:
+                continue  # never loaded
+            cuda.syncthreads()
             load_tile(tiles, 0, k, b, hk, j0, n_keys, t, block_q)
             load_tile(tiles, v_off, v, b, hk, j0, n_keys, t, block_q)
-            cuda.syncthreads()  # the tile is loaded
-            row_keys = min(row_end - j0, n_keys)  # keys of this tile row i may see
+            cuda.syncthreads()
+            row_keys = min(row_end - j0, n_keys)
             if active and row_keys > 0:
                 tile_max, row_nan = score_tile(
                     q_row, tiles, s_off, t, block_q, D, row_keys, j0, mask, mask_row, mask_sj,
-                    has_mask, scale, weights, want_weights, b, h, i, row_nan)
+                    has_mask, scale, weights, want_weights, b, h, i, row_nan, cls != FULL,
+                    mask_args, score_args)
                 if tile_max != NEG_INF:
                     row_max, row_sum = accumulate_tile(
                         acc, tiles, v_off, s_off, t, block_q, Dv, row_keys, j0, tile_max,
@@ -301,15 +327,22 @@ def _kernel_source(dtype):
     return attention_kernel
 
 
+def _kernel_source(dtype):
+    """The kernel for ``dtype`` without mods (the identities compiled in)."""
+    mask_fn, tile_fn = mc.identity_mask("cuda")
+    return kernel_source(dtype, mask_fn, tile_fn, mc.identity_score("cuda"))
+
+
 def _signature(dtype):
     """The kernel's argument types for ``dtype`` (arrays C-contiguous)."""
     F = numba.from_dtype(np.dtype(dtype))
-    return _base_signature(dtype) + (numba.types.Array(F, 3, "C"),)  # ..., lse
+    no_args = numba.types.Tuple(())  # mask_args, score_args: none without mods
+    return _base_signature(dtype) + (numba.types.Array(F, 3, "C"), no_args, no_args)
 
 
 def _base_signature(dtype):
-    """The argument types every attention kernel takes, up to ``block_k`` (the kernel with
-    compiled mods, :mod:`kernels._cuda_mods`, appends its own after them)."""
+    """The argument types every attention kernel takes, up to ``block_k`` (then come lse,
+    mask_args and score_args)."""
     F = numba.from_dtype(np.dtype(dtype))
     array4 = numba.types.Array(F, 4, "C")
     i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
@@ -408,7 +441,11 @@ def _launcher(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     lengths_dev = cuda.to_device(problem.key_lengths_or_full(), stream=stream)  # (B,)
     mask_sb, mask_sh, mask_si, mask_sj = problem.mask_strides()
     ftype = dtype.type
-    kernel = _kernel(dtype)
+    kernel, mod_args = _kernel(dtype), ((), ())
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        from ._cuda_mods import kernel_and_arguments  # the kernel with the mods compiled in
+
+        kernel, mod_args = kernel_and_arguments(problem, stream)
     if lse is None:
         lse = cuda.device_array((B, H, Lq), dtype=dtype, stream=stream)
     args = (
@@ -418,10 +455,12 @@ def _launcher(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
         ftype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
         ftype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         out, weights, problem.return_weights,
-        block_k, lse,
+        block_k, lse, *mod_args,
     )
+    names = mc.user_names(problem)
     # Configured at each launch: the simulator's kernel object keeps its configuration.
-    return lambda: kernel[n_blocks, block_q, stream, shared_bytes](*args)
+    return lambda: mc.run_user_code(
+        names, lambda: kernel[n_blocks, block_q, stream, shared_bytes](*args))
 
 
 def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int | None = None,
@@ -445,10 +484,6 @@ def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int |
     weights : ndarray, shape (B, H, Lq, Lk), or None unless ``problem.return_weights``
     """
     check_supported(problem)
-    if problem.score_mod is not None or problem.mask_mod is not None:
-        from ._cuda_mods import run as run_mods  # the kernel with the mods compiled in
-
-        return run_mods(problem, block_q=block_q, block_k=block_k)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype
     if B * H * Lq == 0:

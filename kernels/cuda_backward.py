@@ -27,8 +27,10 @@ import numba
 import numpy as np
 from numba import cuda
 
+from . import _mods_compile as mc
 from . import cuda_backend
 from ._dropout import dropout_threshold
+from ._numba_mods import mod_arguments
 from ._validate import AttentionProblem
 from .cuda_backend import (
     MAX_HEAD_DIM,
@@ -41,9 +43,20 @@ from .cuda_backend import (
 )
 
 
-def _kernel_sources(dtype):
-    """``(dkdv_kernel, dq_kernel)`` for ``dtype`` as plain Python functions."""
+def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
+    """``(dkdv_kernel, dq_kernel)`` for ``dtype`` as plain Python functions.
+
+    ``mask_fn``, ``score_fn`` and ``grad_fn``: the device functions of a call's
+    :mod:`kernels.mods` (:func:`kernels._numba_mods.mod_arguments` for "cuda", and the
+    score function's derivative); the identities when None.  The kernels take their bound
+    data as the two last arguments (``mask_args``, ``score_args``; empty tuples without).
+    """
     F = numba.from_dtype(np.dtype(dtype))
+    if mask_fn is None:
+        mask_fn = mc.identity_mask("cuda")[0]
+    if score_fn is None:
+        score_fn = mc.identity_score("cuda")
+        grad_fn = mc.identity_score_grad("cuda", dtype)
     ZERO = F(0)
     NEG_INF = F(-np.inf)
     NO_DROPOUT = np.uint64(0)
@@ -51,9 +64,12 @@ def _kernel_sources(dtype):
 
     @_device
     def visible(i, j, b, h, key_len, causal, causal_offset, mask, mask_sb, mask_sh,
-                mask_si, mask_sj, has_mask):
-        """``(seen, additive mask value)`` of pair (i, j): causal, key_lengths, then mask."""
+                mask_si, mask_sj, has_mask, mask_args):
+        """``(seen, additive mask value)`` of pair (i, j): causal, key_lengths, the mask
+        function, then mask."""
         if j >= key_len or (causal and j > i + causal_offset):
+            return False, ZERO
+        if not mask_fn(b, h, i, j, mask_args):
             return False, ZERO
         if has_mask:
             m = mask[b * mask_sb + h * mask_sh + i * mask_si + j * mask_sj]
@@ -64,9 +80,11 @@ def _kernel_sources(dtype):
 
     @_device
     def pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra, scale, threshold,
-                   keep_scale, seed, D, Dv):
-        """``(dS, p · Z · κ)`` of a visible pair (i, j)."""
-        score = dot(q[b, h, i], 0, k[b, hk, j], 0, D) * scale + extra
+                   keep_scale, seed, D, Dv, score_args):
+        """``(dS, p · Z · κ)`` of a visible pair (i, j); dS includes the score function's
+        derivative f'(x) at the scaled score x."""
+        x = dot(q[b, h, i], 0, k[b, hk, j], 0, D) * scale
+        score = F(score_fn(x, b, h, i, j, score_args)) + extra
         p = F(math.exp(score - lse[b, h, i]))
         dp = dot(dout[b, h, i], 0, v[b, hk, j], 0, Dv)
         pd = p
@@ -77,11 +95,11 @@ def _kernel_sources(dtype):
             else:
                 pd = p * keep_scale
                 dp = dp * keep_scale
-        return p * (dp - row_dot[b, h, i]), pd
+        return p * (dp - row_dot[b, h, i]) * F(grad_fn(x, b, h, i, j, score_args)), pd
 
     def dkdv_kernel(q, k, v, dout, lse, row_dot, mask, mask_sb, mask_sh, mask_si, mask_sj,
                     has_mask, key_lengths, causal, causal_offset, scale, threshold,
-                    keep_scale, seed, dk, dv):
+                    keep_scale, seed, dk, dv, mask_args, score_args):
         # q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), dout (B, H, Lq, Dv),
         # lse and row_dot (B, H, Lq), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv).
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
@@ -109,11 +127,13 @@ def _kernel_sources(dtype):
             for h in range(hk * group, (hk + 1) * group):
                 for i in range(i_start, Lq):
                     seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
-                                          mask_sb, mask_sh, mask_si, mask_sj, has_mask)
+                                          mask_sb, mask_sh, mask_si, mask_sj, has_mask,
+                                          mask_args)
                     if not seen or lse[b, h, i] == NEG_INF:
                         continue
                     ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
-                                        scale, threshold, keep_scale, seed, D, Dv)
+                                        scale, threshold, keep_scale, seed, D, Dv,
+                                        score_args)
                     for d in range(D):
                         dk_acc[d] += ds * q[b, h, i, d]
                     if pd != ZERO:
@@ -126,7 +146,7 @@ def _kernel_sources(dtype):
 
     def dq_kernel(q, k, v, dout, lse, row_dot, mask, mask_sb, mask_sh, mask_si, mask_sj,
                   has_mask, key_lengths, causal, causal_offset, scale, threshold,
-                  keep_scale, seed, dq):
+                  keep_scale, seed, dq, mask_args, score_args):
         # dq (B, H, Lq, D); the other arguments as dkdv_kernel's.
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv, Dv = k.shape[1], v.shape[3]
@@ -149,11 +169,13 @@ def _kernel_sources(dtype):
         if lse[b, h, i] != NEG_INF:  # a row that sees no key is never read
             for j in range(max(key_end, 0)):
                 seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
-                                      mask_sb, mask_sh, mask_si, mask_sj, has_mask)
+                                      mask_sb, mask_sh, mask_si, mask_sj, has_mask,
+                                      mask_args)
                 if not seen:
                     continue
                 ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
-                                    scale, threshold, keep_scale, seed, D, Dv)
+                                    scale, threshold, keep_scale, seed, D, Dv,
+                                    score_args)
                 for d in range(D):
                     dq_acc[d] += ds * k[b, hk, j, d]
         for d in range(D):
@@ -173,7 +195,8 @@ def _signatures(dtype):
         numba.types.Array(i64, 1, "C"), boolean, i64,  # key_lengths, causal, causal_offset
         F, u64, F, u64,  # scale, threshold, keep_scale, seed
     )
-    return common + (a4, a4), common + (a4,)
+    no_args = numba.types.Tuple(())  # mask_args, score_args of a call without mods
+    return common + (a4, a4, no_args, no_args), common + (a4, no_args, no_args)
 
 
 @functools.cache
@@ -184,6 +207,33 @@ def _kernels(dtype):
         return tuple(cuda.jit(source) for source in sources)
     return tuple(cuda.jit(sig, cache=True)(source)
                  for sig, source in zip(_signatures(dtype), sources, strict=True))
+
+
+def _mods_kernels(dtype, mask_fn, score_fn, grad_fn):
+    """The kernels with a call's mod functions compiled in (built once per structure)."""
+    def build():
+        sources = _kernel_sources(dtype, mask_fn, score_fn, grad_fn)
+        return tuple(cuda.jit(source) if SIMULATOR else cuda.jit(cache=False)(source)
+                     for source in sources)
+
+    return mc.memo(("cuda_backward", np.dtype(dtype).name, mask_fn, score_fn, grad_fn), build)
+
+
+def compile_mods_ptx(problem: AttentionProblem, cc=(9, 0)) -> dict[str, str]:
+    """PTX of the backward kernels a problem with mods runs (simulator off; no GPU needed):
+    ``{"dkdv": ptx, "dq": ptx}``."""
+    if SIMULATOR:
+        raise RuntimeError("compile_mods_ptx needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
+    mask_fn, _, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
+    grad_fn = (mc.identity_score_grad("cuda", problem.dtype) if problem.score_mod is None
+               else problem.score_mod.grad("cuda", problem.dtype))
+    extra = (numba.typeof(mask_args), numba.typeof(score_args))
+    ptx = {}
+    for kind, source, sig in zip(("dkdv", "dq"),
+                                 _kernel_sources(problem.dtype, mask_fn, score_fn, grad_fn),
+                                 _signatures(problem.dtype), strict=True):
+        ptx[kind], _ = cuda.compile_ptx(source, sig[:-2] + extra, cc=tuple(cc))
+    return ptx
 
 
 def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
@@ -228,8 +278,20 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     has_mask = problem.mask is not None
     mask = problem.additive_mask().reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
     ftype = dtype.type
+    mod_args, user_names = ((), ()), ()
+    has_mods = problem.score_mod is not None or problem.mask_mod is not None
+    if has_mods:
+        mask_fn, _, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
+        grad_fn = (mc.identity_score_grad("cuda", dtype) if problem.score_mod is None
+                   else problem.score_mod.grad("cuda", dtype))
+        mod_args, user_names = (mask_args, score_args), mc.user_names(problem)
     with _simulator_lock:
-        dkdv_kernel, dq_kernel = _kernels(dtype)
+        if has_mods:
+            dkdv_kernel, dq_kernel = _mods_kernels(dtype, mask_fn, score_fn, grad_fn)
+            mod_args = tuple(tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a
+                                   for a in group) for group in mod_args)
+        else:
+            dkdv_kernel, dq_kernel = _kernels(dtype)
         arrays = [cuda.to_device(np.ascontiguousarray(x)) for x in (
             problem.q, problem.k, problem.v, dout, lse, row_dot, mask)]
         options = (
@@ -240,6 +302,9 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
             ftype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         )
         dq_dev, dk_dev, dv_dev = (cuda.to_device(x) for x in (dq, dk, dv))
-        dkdv_kernel[B * Hkv * math.ceil(Lk / block), block](*arrays, *options, dk_dev, dv_dev)
-        dq_kernel[B * H * math.ceil(Lq / block), block](*arrays, *options, dq_dev)
+        mc.run_user_code(user_names, lambda: (
+            dkdv_kernel[B * Hkv * math.ceil(Lk / block), block](*arrays, *options, dk_dev,
+                                                                dv_dev, *mod_args),
+            dq_kernel[B * H * math.ceil(Lq / block), block](*arrays, *options, dq_dev,
+                                                            *mod_args)))
         return dq_dev.copy_to_host(), dk_dev.copy_to_host(), dv_dev.copy_to_host()

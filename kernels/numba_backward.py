@@ -37,6 +37,7 @@ from numba import njit, prange
 
 from . import numba_cpu
 from ._dropout import build_dropout_bits, dropout_threshold
+from ._mods_compile import run_user_code
 from ._validate import AttentionProblem
 from .numba_cpu import (
     _FASTMATH,
@@ -45,6 +46,7 @@ from .numba_cpu import (
     _mask_tile_count,
     _scores_by_loops,
     fast_exp,
+    float_constants,
     launch_guard,
     single_threaded_blas,
 )
@@ -87,36 +89,123 @@ def _products_by_loops(ds, pd, q_blk, do_blk, k_tile, dq_t, dk_t, dv_t):
                     dv_t[c, d] += p * do_blk[r, d]
 
 
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
-def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
-               causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-               b, hk, j0, j1, block_q, blas):
-    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``)."""
-    dtype = q.dtype
-    H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
-    group = H // k.shape[1]
-    Dv = v.shape[3]
-    nk = j1 - j0
-    zero = scale - scale  # 0 and -inf in the input dtype (a literal would be float64)
-    neg_inf = -(zero + 1) / zero
-    k_tile = k[b, hk, j0:j1]  # (nk, D)
-    v_tile = v[b, hk, j0:j1]  # (nk, Dv)
-    # K with its non-finite entries set to 0, for dQ = dS · K: a hidden pair has dS = 0 and
-    # 0 · NaN would be NaN; a visible pair with a non-finite key has dS = NaN anyway.
+# --- the pieces of a key block, shared with the kernel with mods (_numba_mods_backward) --------
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def key_block_buffers(k_tile, v_tile, block_q):
+    """The working arrays of a key block: ``(k_clean, dk_acc, dv_acc, s_buf, dp_buf, q_buf,
+    do_buf, dq_buf, dk_t, dv_t)``.
+
+    ``k_clean`` is K with its non-finite entries set to 0, for dQ = dS · K: a hidden pair
+    has dS = 0 and 0 · NaN would be NaN; a visible pair with a non-finite key has dS = NaN
+    anyway.  ``s_buf`` holds S, then dS; ``dp_buf`` dO · Vᵀ, then Pd; ``q_buf`` and
+    ``do_buf`` the q and dout rows of a query block (zero for a row that sees no key).
+    """
+    dtype = k_tile.dtype
+    nk, D = k_tile.shape
+    Dv = v_tile.shape[1]
+    zero = np.zeros(1, dtype=dtype)[0]
     k_clean = np.empty((nk, D), dtype=dtype)
     for c in range(nk):
         for d in range(D):
             x = k_tile[c, d]
             k_clean[c, d] = x if x * 0 == 0 else zero
-    dk_acc = np.zeros((nk, D), dtype=dtype)
-    dv_acc = np.zeros((nk, Dv), dtype=dtype)
-    s_buf = np.empty((block_q, nk), dtype=dtype)  # S, then dS
-    dp_buf = np.empty((block_q, nk), dtype=dtype)  # dO · Vᵀ, then Pd
-    q_buf = np.empty((block_q, D), dtype=dtype)  # the q and dout rows of a query block,
-    do_buf = np.empty((block_q, Dv), dtype=dtype)  # zero for a row that sees no key
-    dq_buf = np.empty((block_q, D), dtype=dtype)
-    dk_t = np.empty((nk, D), dtype=dtype)
-    dv_t = np.empty((nk, Dv), dtype=dtype)
+    return (k_clean, np.zeros((nk, D), dtype=dtype), np.zeros((nk, Dv), dtype=dtype),
+            np.empty((block_q, nk), dtype=dtype), np.empty((block_q, nk), dtype=dtype),
+            np.empty((block_q, D), dtype=dtype), np.empty((block_q, Dv), dtype=dtype),
+            np.empty((block_q, D), dtype=dtype), np.empty((nk, D), dtype=dtype),
+            np.empty((nk, Dv), dtype=dtype))
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def load_rows(q, dout, lse, b, h, i0, q_blk, do_blk):
+    """Copy the q and dout rows i0, i0 + 1, ... of (b, h) into ``q_blk``, ``do_blk``; a row
+    that sees no key (lse = -inf) gets zeros: it is never read, so NaN there stays out."""
+    zero, _, neg_inf = float_constants(lse[b, h, i0])
+    for r in range(q_blk.shape[0]):
+        seen_any = lse[b, h, i0 + r] != neg_inf
+        for d in range(q_blk.shape[1]):
+            q_blk[r, d] = q[b, h, i0 + r, d] if seen_any else zero
+        for d in range(do_blk.shape[1]):
+            do_blk[r, d] = dout[b, h, i0 + r, d] if seen_any else zero
+
+
+@njit(cache=True)
+def tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas):
+    """s = q_blk · k_tileᵀ and dp = do_blk · v_tileᵀ (the BLAS, or loops when ``blas`` is None)."""
+    if blas is None:
+        _scores_by_loops(q_blk, k_tile, s)
+        _scores_by_loops(do_blk, v_tile, dp)
+    else:
+        np.dot(q_blk, k_tile.T, s)
+        np.dot(do_blk, v_tile.T, dp)
+
+
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+def pair_gradient(p, dpd, delta, threshold, keep_scale, seed, b, h, i, j):
+    """``(dS, Pd)`` of a visible pair (i, j) with weight ``p`` and dO · vᵀ = ``dpd``:
+    Pd = P ∘ Z · κ and dS = P ∘ (dPd ∘ Z · κ − Δ), Z the dropout's keep decision."""
+    pd = p
+    if threshold > 0:
+        if _dropout_bits(seed, b, h, i, j) < threshold:
+            pd = float_constants(p)[0]
+            dpd = pd
+        else:
+            pd = p * keep_scale
+            dpd = dpd * keep_scale
+    return p * (dpd - delta), pd
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def add_tile_gradients(ds, pd, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t, dk_acc, dv_acc, dq,
+                       b, h, i0, blas):
+    """The three products of a tile: dK += dSᵀ · Q, dV += Pdᵀ · dO (into the key block's
+    accumulators) and dQ[b, h, i0:] += dS · K."""
+    rows = ds.shape[0]
+    dq_t = dq_t[:rows]
+    if blas is None:
+        _products_by_loops(ds, pd, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t)
+    else:
+        np.dot(ds, k_clean, dq_t)  # (rows, D)
+        np.dot(ds.T, q_blk, dk_t)  # (nk, D)
+        np.dot(pd.T, do_blk, dv_t)  # (nk, Dv)
+    for c in range(dk_t.shape[0]):
+        for d in range(dk_t.shape[1]):
+            dk_acc[c, d] += dk_t[c, d]
+        for d in range(dv_t.shape[1]):
+            dv_acc[c, d] += dv_t[c, d]
+    for r in range(rows):
+        for d in range(dq_t.shape[1]):
+            dq[b, h, i0 + r, d] += dq_t[r, d]
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale):
+    """dk[b, hk, j0:] = scale · dk_acc (the scale applied once), dv[b, hk, j0:] = dv_acc."""
+    for c in range(dk_acc.shape[0]):
+        for d in range(dk_acc.shape[1]):
+            dk[b, hk, j0 + c, d] = dk_acc[c, d] * scale
+        for d in range(dv_acc.shape[1]):
+            dv[b, hk, j0 + c, d] = dv_acc[c, d]
+
+
+# --- the kernel ----------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
+               causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
+               b, hk, j0, j1, block_q, blas):
+    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``)."""
+    H, Lq = q.shape[1], q.shape[2]
+    group = H // k.shape[1]
+    nk = j1 - j0
+    zero, _, neg_inf = float_constants(scale)  # in the input dtype
+    k_tile = k[b, hk, j0:j1]  # (nk, D)
+    v_tile = v[b, hk, j0:j1]  # (nk, Dv)
+    (k_clean, dk_acc, dv_acc, s_buf, dp_buf, q_buf, do_buf, dq_buf, dk_t,
+     dv_t) = key_block_buffers(k_tile, v_tile, block_q)
     mask_i, mask_j = mask_strides[2], mask_strides[3]
     i_start = 0
     if causal:
@@ -132,21 +221,10 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                 continue  # the mask hides the whole tile
             q_blk = q_buf[:rows]  # (rows, D)
             do_blk = do_buf[:rows]  # (rows, Dv)
-            for r in range(rows):  # a row that sees no key is never read (NaN stays out)
-                seen_any = lse[b, h, i0 + r] != neg_inf
-                for d in range(D):
-                    q_blk[r, d] = q[b, h, i0 + r, d] if seen_any else zero
-                for d in range(Dv):
-                    do_blk[r, d] = dout[b, h, i0 + r, d] if seen_any else zero
+            load_rows(q, dout, lse, b, h, i0, q_blk, do_blk)
             s = s_buf[:rows]  # (rows, nk)
             dp = dp_buf[:rows]
-            dq_t = dq_buf[:rows]
-            if blas is None:
-                _scores_by_loops(q_blk, k_tile, s)
-                _scores_by_loops(do_blk, v_tile, dp)
-            else:
-                np.dot(q_blk, k_tile.T, s)
-                np.dot(do_blk, v_tile.T, dp)
+            tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas)
             for r in range(rows):
                 i = i0 + r
                 row_lse = lse[b, h, i]
@@ -165,19 +243,12 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                         seen = True
                         if has_mask:
                             x, seen = _mask_score(x, mask[m0 + c * mask_j], neg_inf)
-                        p = zero
+                        ds = zero
+                        pd = zero
                         if seen:
-                            p = fast_exp(x - row_lse)
-                        dpd = dp_row[c]
-                        pd = p
-                        if threshold > 0:
-                            if _dropout_bits(seed, b, h, i, j0 + c) < threshold:
-                                pd = zero
-                                dpd = zero
-                            else:
-                                pd = p * keep_scale
-                                dpd = dpd * keep_scale
-                        s_row[c] = p * (dpd - delta) if seen else zero
+                            ds, pd = pair_gradient(fast_exp(x - row_lse), dp_row[c], delta,
+                                                   threshold, keep_scale, seed, b, h, i, j0 + c)
+                        s_row[c] = ds
                         dp_row[c] = pd
                 else:
                     for c in range(hi):
@@ -187,25 +258,9 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                 for c in range(hi, nk):
                     s_row[c] = zero
                     dp_row[c] = zero
-            if blas is None:
-                _products_by_loops(s, dp, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t)
-            else:
-                np.dot(s, k_clean, dq_t)  # (rows, D)
-                np.dot(s.T, q_blk, dk_t)  # (nk, D)
-                np.dot(dp.T, do_blk, dv_t)  # (nk, Dv)
-            for c in range(nk):
-                for d in range(D):
-                    dk_acc[c, d] += dk_t[c, d]
-                for d in range(Dv):
-                    dv_acc[c, d] += dv_t[c, d]
-            for r in range(rows):
-                for d in range(D):
-                    dq[b, h, i0 + r, d] += dq_t[r, d]
-    for c in range(nk):
-        for d in range(D):
-            dk[b, hk, j0 + c, d] = dk_acc[c, d] * scale
-        for d in range(Dv):
-            dv[b, hk, j0 + c, d] = dv_acc[c, d]
+            add_tile_gradients(s, dp, q_blk, do_blk, k_clean, dq_buf, dk_t, dv_t, dk_acc,
+                               dv_acc, dq, b, h, i0, blas)
+    store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale)
 
 
 @njit(cache=True)
@@ -307,13 +362,15 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         dq_parts, dk, dv, BLOCK_Q, BLOCK_K, True if use_blas else None,
     )
+    kernels, user_names = (_backward_parallel, _backward_serial), ()
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        from . import _numba_mods_backward  # the kernel with the mods compiled in
+
+        kernels, mod_args, user_names = _numba_mods_backward.launch(problem)
+        args += mod_args
     blas_guard = single_threaded_blas() if use_blas else nullcontext()
-    if parallel:
-        with launch_guard(), blas_guard:
-            _backward_parallel(*args)
-    else:
-        with blas_guard:
-            _backward_serial(*args)
+    with launch_guard() if parallel else nullcontext(), blas_guard:
+        run_user_code(user_names, kernels[0] if parallel else kernels[1], *args)
     dq = dq_parts[0] if chunks == 1 else dq_parts.sum(axis=0)
     dq *= dtype(problem.scale)
     return dq, dk, dv

@@ -3,13 +3,15 @@
 The oracle of :func:`kernels.attention_backward`.  For one (batch, head), with P the
 softmax weights, Z the dropout keep mask and κ = 1 / (1 − p) its scaling::
 
-    S  = scale · Q Kᵀ + M                  (M: -inf where hidden)
+    X  = scale · Q Kᵀ
+    S  = f(X) + M                          (f: the score_mod, identity without; M: -inf
+                                            where hidden)
     P  = softmax(S)                        (0 on a row that sees no key)
     Pd = P ∘ Z · κ                          (the weights that multiply V)
     O  = Pd V
     dV = Pdᵀ dO
     dPd = dO Vᵀ,  dP = dPd ∘ Z · κ
-    dS = P ∘ (dP − rowsum(dO ∘ O))          (rowsum(dP ∘ P) = rowsum(dO ∘ O))
+    dS = P ∘ (dP − rowsum(dO ∘ O)) ∘ f'(X)  (rowsum(dP ∘ P) = rowsum(dO ∘ O))
     dQ = scale · dS K,   dK = scale · dSᵀ Q
 
 It materialises every (Lq, Lk) array.  Hidden pairs get dS = Pd = 0 by ``np.where`` (not
@@ -67,7 +69,11 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
     sees_a_key = visible.any(axis=-1)  # (B, H, Lq)
 
     with np.errstate(invalid="ignore", over="ignore"):
-        scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
+        scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # X, (B, H, Lq, Lk)
+        score_grad = None
+        if problem.score_mod is not None:  # f and f' at X, before the mask
+            score_grad = _score_grad(problem.score_mod, scores)
+            scores = problem.score_mod.dense(scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
         probs = _softmax_visible(scores, visible)  # P, (B, H, Lq, Lk)
@@ -81,7 +87,10 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
         # dO · Vᵀ at every pair: garbage where hidden, removed by the np.where below.
         d_probs = (do @ v.swapaxes(-1, -2)) * keep_scale  # dP, (B, H, Lq, Lk)
         row_dot = np.where(sees_a_key, (do * out).sum(axis=-1), zero)  # (B, H, Lq)
-        d_scores = np.where(visible, probs * (d_probs - row_dot[..., None]), zero)  # dS
+        d_scores = probs * (d_probs - row_dot[..., None])
+        if score_grad is not None:
+            d_scores = d_scores * score_grad
+        d_scores = np.where(visible, d_scores, zero)  # dS
 
     vis_t = visible.swapaxes(-1, -2)  # (B, H, Lk, Lq)
     dv = _weighted_values(dropped.swapaxes(-1, -2), vis_t, do)  # (B, H, Lk, Dv)
@@ -93,6 +102,13 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
 
     dtype = ct if keep_precision else problem.dtype
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
+
+
+def _score_grad(score_mod, scores: np.ndarray) -> np.ndarray:
+    """f'(X) of a score function at every score, in the scores' dtype (evaluated in float64
+    for a dtype the compiled derivatives do not take, ``np.longdouble``)."""
+    work = scores.dtype if scores.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    return score_mod.dense_grad(scores.astype(work)).astype(scores.dtype)
 
 
 def run(problem: AttentionProblem, dout: np.ndarray, out=None, lse=None):

@@ -13,6 +13,7 @@ import numpy as np
 import kernels
 from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import oracle_dtype, tolerance
+from kernels import reference
 from kernels.reference_backward import run_backward
 
 from .support import COMPARISONS, max_error
@@ -66,3 +67,45 @@ def assert_gradients_match(q, k, v, backend, *, dout_seed=0, pass_forward=True, 
         COMPARISONS.append((f"{backend}-bwd", np.dtype(q.dtype).name, err, tol))
         worst = max(worst, err / tol if tol else 0.0)
     return worst
+
+
+def assert_lse_matches(q, k, v, backend, **kwargs):
+    """``attention(..., return_lse=True)`` on ``backend`` against the reference's lse.
+
+    The reference's lse (float64, rounded to the input dtype) is compared within twice the
+    forward's tolerance (from the lse computed in the input dtype); rows that see no key
+    are ``-inf`` in both; the output is the one the call without ``return_lse`` gives.
+    """
+    out, lse = kernels.attention(q, k, v, backend=backend, return_lse=True, **kwargs)
+    _, exact = kernels.attention(q, k, v, backend="reference", return_lse=True, **kwargs)
+    problem = kernels.prepare(q, k, v, **kwargs)
+    *_, plain = reference.run(problem, compute_dtype=q.dtype, return_lse=True)
+    plain = problem.restore(plain[..., None])[..., 0]
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(exact))
+    assert max_error(lse, exact) <= 2 * tolerance(exact, plain, q.dtype)
+    np.testing.assert_array_equal(out, kernels.attention(q, k, v, backend=backend, **kwargs))
+
+
+def assert_matches_finite_differences(q, k, v, dout, **kwargs):
+    """The float64 reference's gradients against central differences (step 1e-6) of the
+    reference forward's ``sum(dout * attention(q, k, v, **kwargs))``: relative error (to
+    the largest numeric gradient) <= 1e-6, and some gradient is not tiny (not vacuous)."""
+    def loss(q, k, v):
+        return float((dout * kernels.attention(q, k, v, backend="reference", **kwargs)).sum())
+
+    grads = kernels.attention_backward(q, k, v, dout, backend="reference", **kwargs)
+    eps = 1e-6
+    largest = 0.0
+    for index, (x, grad) in enumerate(zip((q, k, v), grads, strict=True)):
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = [q, k, v]
+            for sign in (1, -1):
+                bumped = x.copy()
+                bumped[idx] += sign * eps
+                args[index] = bumped
+                numeric[idx] += sign * loss(*args) / (2 * eps)
+        scale = max(np.abs(numeric).max(), 1e-3)
+        assert np.abs(grad - numeric).max() / scale <= 1e-6, "qkv"[index]
+        largest = max(largest, np.abs(numeric).max())
+    assert largest > 0.01  # the check is not vacuous

@@ -130,7 +130,8 @@ def grad_and_variants():
     config = bench_config.BenchConfig(
         heads=2, head_size=16, rounds=1, interval_rounds=1, backward_lengths=(64,),
         backward_memory_length=64, window_length=96, window_left=16, documents_length=64,
-        score_length=64, sections=("backward", "variants"), peers=("torch",))
+        score_length=64, window_backward_length=80, sections=("backward", "variants"),
+        peers=("torch",))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bench_sections, "REMEASURE_SECONDS", 0.0)  # no extra rounds
         table, meta = run_bench(config, progress=lambda line: None)
@@ -166,13 +167,18 @@ def test_variants_section_rows(grad_and_variants):
     assert set(rows.index) == {
         "window: causal", "window: causal + window left=16", "block_mask: window",
         "documents: plain", "documents: 8 documents", "block_mask: documents",
-        "scores: plain", "scores: alibi", "scores: softcap"}
+        "scores: plain", "scores: alibi", "scores: softcap",
+        "window backward: causal", "window backward: causal + window left=16"}
     assert (rows["status"] == "ok").all() and (rows["median_ms"] > 0).all()
     # GFLOP/s from the visible pairs: the window keeps min(i, 16) + 1 keys of query i
     window = rows.loc["window: causal + window left=16"]
     pairs = sum(min(i, 16) + 1 for i in range(96))
     assert window["gflops"] == pytest.approx(4 * pairs * 2 * 16 / (window["median_ms"] / 1e3)
                                              / 1e9)
+    backward = rows.loc["window backward: causal + window left=16"]
+    pairs = sum(min(i, 16) + 1 for i in range(80))  # five products of 2·16 per pair
+    assert backward["L"] == 80 and backward["gflops"] == pytest.approx(
+        2 * pairs * 2 * 5 * 16 / (backward["median_ms"] / 1e3) / 1e9)
     documents = rows.loc["documents: 8 documents"]
     assert documents["gflops"] == pytest.approx(
         4 * 8 * 8**2 * 2 * 16 / (documents["median_ms"] / 1e3) / 1e9)
@@ -237,8 +243,10 @@ def test_interval_verdicts_and_their_combination():
 def test_new_flags_reach_the_config():
     config = bench_config.config_from_args(bench_args(
         ["--backward-L", "128", "256", "--window-L", "512", "--documents-L", "256",
-         "--score-L", "128", "--backward-memory-L", "1024", "--only", "variants", "backward"]))
+         "--score-L", "128", "--backward-memory-L", "1024", "--window-backward-L", "192",
+         "--only", "variants", "backward"]))
     assert config.backward_lengths == (128, 256) and config.window_length == 512
+    assert config.window_backward_length == 192
     assert config.sections == ("backward", "variants")  # in the bench's order
     again = bench_config.config_from_args(bench_args(bench_config.command_line(config).split()[2:]))
     assert again == config

@@ -16,15 +16,17 @@ import numba  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
 import kernels  # noqa: E402
-from attnbench.measure.oracle import tolerance  # noqa: E402
-from kernels import _backends, cuda_backend, reference  # noqa: E402
+from kernels import _backends, cuda_backend  # noqa: E402
 
-from .backward_support import assert_gradients_match, make_dout  # noqa: E402
+from .backward_support import (  # noqa: E402
+    assert_gradients_match,
+    assert_lse_matches,
+    make_dout,
+)
 from .support import (  # noqa: E402
     DTYPES,
     Case,
     make_inputs,
-    max_error,
     ptx_of_kernels,  # noqa: E402
 )
 from .test_cuda import CASES  # noqa: E402
@@ -55,15 +57,7 @@ def test_gradients_match_reference(case, dtype):
 @pytest.mark.parametrize("case", CASES[::3], ids=lambda c: c.name)
 def test_lse_matches_the_reference(case, dtype):
     q, k, v, kwargs = make_inputs(case, dtype)
-    out, lse = kernels.attention(q, k, v, backend="cuda", return_lse=True, **kwargs)
-    _, exact = kernels.attention(q, k, v, backend="reference", return_lse=True, **kwargs)
-    problem = kernels.prepare(q, k, v, **kwargs)
-    *_, plain = reference.run(problem, compute_dtype=dtype, return_lse=True)
-    plain = problem.restore(plain[..., None])[..., 0]
-    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(exact))
-    # exact is the float64 reference rounded to dtype: compare within the forward's tolerance
-    assert max_error(lse, exact) <= 2 * tolerance(exact, plain, dtype)
-    np.testing.assert_array_equal(out, kernels.attention(q, k, v, backend="cuda", **kwargs))
+    assert_lse_matches(q, k, v, "cuda", **kwargs)
 
 
 def test_nan_in_hidden_keys_and_empty_query_rows_reaches_no_gradient():

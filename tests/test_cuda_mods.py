@@ -16,6 +16,7 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install att
 import kernels  # noqa: E402
 from kernels import _backends, cuda_backend, mods  # noqa: E402
 
+from .backward_support import assert_gradients_match, assert_lse_matches  # noqa: E402
 from .support import DTYPES, assert_matches_reference, run_ptx_script  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -78,6 +79,40 @@ def test_matches_reference(shape, make, dtype):
     assert_matches_reference(q, k, v, "cuda", **kwargs)
 
 
+# Backward and lse: the cases whose score functions have derivatives (all built-ins), fewer
+# of them (each structure builds two more kernels).
+BACKWARD_CASES = [c for c in CASES if c[0] in (
+    "window 2", "prefix_lm", "alibi", "softcap + float mask", "relative_bias + dropout",
+    "and/or + chain + lengths")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape, make", [c[1:] for c in BACKWARD_CASES],
+                         ids=[c[0] for c in BACKWARD_CASES])
+def test_gradients_and_lse_match_reference(shape, make, dtype):
+    q, k, v = _qkv(**shape, dtype=dtype)
+    kwargs = make()
+    if "mask" in kwargs:
+        kwargs["mask"] = kwargs["mask"].astype(dtype)
+    assert_lse_matches(q, k, v, "cuda", **kwargs)
+    assert_gradients_match(q, k, v, "cuda", **kwargs)
+
+
+def test_backward_keys_hidden_by_a_mask_function_reach_no_gradient():
+    q, k, v = _qkv(B=1, H=1, Lq=12)
+    dout = np.random.default_rng(5).standard_normal(q.shape).astype(q.dtype)
+    kw = dict(mask_mod=mods.sliding_window(1), causal=True, score_mod=mods.softcap(0.9))
+    before = kernels.attention_backward(q, k, v, dout, backend="cuda", **kw)
+    k2, v2 = k.copy(), v.copy()
+    k2[..., :4, :] = np.nan  # keys 0..3: hidden from rows 5.. (window of 1)
+    v2[..., :4, :] = np.inf
+    out, lse = kernels.attention(q, k, v, backend="cuda", return_lse=True, **kw)
+    after = kernels.attention_backward(q, k2, v2, dout, out=out, lse=lse, backend="cuda", **kw)
+    np.testing.assert_array_equal(after[0][..., 5:, :], before[0][..., 5:, :])  # dq
+    for a, b in zip(after[1:], before[1:], strict=True):
+        np.testing.assert_array_equal(a[..., 5:, :], b[..., 5:, :])  # dk, dv of keys 5..
+
+
 def test_keys_hidden_by_a_mask_function_are_never_read():
     q, k, v = _qkv(B=1, H=1, Lq=12)
     window = mods.sliding_window(1)
@@ -103,7 +138,7 @@ def test_exception_inside_a_function_names_it():
 _PTX_SCRIPT = """
 import numpy as np
 import kernels
-from kernels import _cuda_mods, mods
+from kernels import _cuda_mods, cuda_backward, mods
 
 def stripes(b, h, q_idx, kv_idx, period):
     return (q_idx - kv_idx) % period[0] != 1
@@ -124,18 +159,21 @@ for dtype in (np.float32, np.float64):
     for name, kwargs in variants.items():
         p = kernels.prepare(q.astype(dtype), q.astype(dtype), q.astype(dtype), **kwargs)
         ptx = _cuda_mods.compile_ptx(p, cc=(8, 0))
-        result[f"{name}/{np.dtype(dtype).name}"] = {
-            "entry": ".entry" in ptx,
-            "f64_lines": [line.strip() for line in ptx.splitlines() if ".f64" in line][:5],
-        }
+        kernels_ptx = {"forward": ptx, **cuda_backward.compile_mods_ptx(p, cc=(8, 0))}
+        for kind, text in kernels_ptx.items():
+            result[f"{name}/{kind}/{np.dtype(dtype).name}"] = {
+                "entry": ".entry" in text,
+                "f64_lines": [line.strip() for line in text.splitlines() if ".f64" in line][:5],
+            }
 print(json.dumps(result))
 """
 
 
 def test_ptx_of_mod_kernels():
-    """Every built-in and a user function compile for the device; float32 stays float32."""
+    """Every built-in and a user function compile for the device, forward and backward
+    (dkdv, dq); float32 stays float32."""
     result = run_ptx_script(_PTX_SCRIPT)
-    assert len(result) == 8
+    assert len(result) == 24
     for name, info in result.items():
         assert info["entry"], name
         if name.endswith("float32"):

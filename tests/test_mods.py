@@ -528,13 +528,3 @@ def test_user_score_without_grad_names_itself():
     assert not mod.has_grad
     with pytest.raises(ValueError, match=r"score_mod '_softcap_user' has no derivative"):
         mod.grad()
-
-
-def test_return_lse_with_mods_is_refused_on_fused_backends_and_computed_on_the_reference():
-    q = np.random.default_rng(0).standard_normal((1, 2, 9, 4)).astype(np.float32)
-    window = kernels.mods.sliding_window(2)
-    with pytest.raises(ValueError, match="return_lse=True with score_mod or mask_mod"):
-        kernels.attention(q, q, q, mask_mod=window, return_lse=True, backend="numba")
-    out, lse = kernels.attention(q, q, q, mask_mod=window, return_lse=True,
-                                 backend="reference")
-    assert out.shape == (1, 2, 9, 4) and lse.shape == (1, 2, 9) and np.isfinite(lse).all()

@@ -5,6 +5,8 @@ slow but exact enough for parity.  Each built-in is written again as FlexAttenti
 functions on tensors; one user function is written once and given to both.  Skipped
 where torch (or jax) is missing.  Every row sees a key here (FlexAttention and
 attnbench both give 0 for a row that sees nothing, but that is not what is tested).
+Gradients: FlexAttention has no backward on the CPU (torch 2.13 raises), so the same
+FlexAttention functions are applied densely in torch ops and differentiated by autograd.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import kernels
 from kernels import mods
 
+from .backward_support import backward_oracle, make_dout
 from .support import oracle, tolerance
 
 B, H, HKV, LQ, LK, D = 2, 4, 2, 70, 70, 16
@@ -103,6 +106,61 @@ def test_builtins_match_flex_attention(torch, dtype, backend):
         tol = tolerance(exact, plain, dtype)
         err = np.abs(ours - theirs).max()
         assert err <= 2 * tol, f"{name}: |ours - flex| = {err:.3g} > 2 x tolerance {tol:.3g}"
+
+
+BACKWARD_VARIANTS = ("sliding_window", "alibi", "softcap", "relative_bias", "document",
+                     "window and document + softcap")
+
+
+def _torch_attention(torch, q, k, v, score_fn, mask_fn):
+    """Attention in torch ops with FlexAttention's functions applied to broadcast index
+    tensors: what ``flex_attention`` computes, differentiable by torch's autograd on the CPU
+    (FlexAttention itself has no CPU backward in torch 2.13)."""
+    B_, H_, Lq, D_ = q.shape
+    group = H_ // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) / D_ ** 0.5
+    b, h, qi, ki = (torch.arange(n).reshape([-1 if d == i else 1 for d in range(4)])
+                    for i, n in enumerate((B_, H_, Lq, k.shape[2])))
+    if score_fn is not None:
+        s = score_fn(s, b, h, qi, ki)
+    if mask_fn is not None:
+        s = s.masked_fill(~mask_fn(b, h, qi, ki).expand_as(s), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype, backend", [(np.float32, "numba"), (np.float64, "reference")],
+                         ids=["float32-numba", "float64-reference"])
+def test_builtin_gradients_match_torch_autograd(torch, dtype, backend):
+    """dq, dk, dv of attention_backward against torch's autograd through the same
+    FlexAttention functions, for windows, ALiBi, softcap, relative biases and documents."""
+    rng = np.random.default_rng(5)
+    Lq = Lk = 28
+    q = rng.standard_normal((B, H, Lq, D)).astype(dtype)
+    k = rng.standard_normal((B, HKV, Lk, D)).astype(dtype)
+    v = rng.standard_normal((B, HKV, Lk, D)).astype(dtype)
+    dout = make_dout(q, v)
+    for name, ours_kwargs, flex_score, flex_mask in _flex_variants(torch):
+        if name not in BACKWARD_VARIANTS:
+            continue
+        if "document" in name:  # the documents of the first Lq positions
+            ours_kwargs = {**ours_kwargs, "mask_mod": _shorten_documents(ours_kwargs, Lq)}
+        ours = kernels.attention_backward(q, k, v, dout, backend=backend, **ours_kwargs)
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v))
+        _torch_attention(torch, tq, tk, tv, flex_score, flex_mask).backward(
+            torch.from_numpy(dout))
+        exact, plain = backward_oracle(q, k, v, dout, **ours_kwargs)
+        for label, g, t, e, p in zip("qkv", ours, (tq, tk, tv), exact, plain, strict=True):
+            err = np.abs(g - t.grad.numpy()).max()
+            tol = tolerance(e, p, dtype)
+            assert err <= 2 * tol, f"{name} d{label}: |ours - torch| = {err:.3g} > 2 x {tol:.3g}"
+
+
+def _shorten_documents(kwargs, L):
+    """The variant's mask with documents cut to the first ``L`` positions (ids alike)."""
+    if "and_masks" in repr(kwargs["mask_mod"]):
+        return mods.and_masks(mods.sliding_window(20), mods.document(DOC_IDS[:, :L]))
+    return mods.document(DOC_IDS[:, :L])
 
 
 @pytest.mark.parametrize("left, right", [(0, 0), (5, 0), (7, 3)])

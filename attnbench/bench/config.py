@@ -57,6 +57,7 @@ class BenchConfig:
     documents_length: int = 8192  # L of the documents variant (n_documents equal ones)
     n_documents: int = 8
     score_length: int = 4096  # L of the ALiBi and softcap variants
+    window_backward_length: int = 8192  # L of the backward with the sliding window
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
@@ -69,7 +70,8 @@ class BenchConfig:
 QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_lengths=(512,),
                     rounds=3, memory_length=2048, padding_length=1024, parallel_length=1024,
                     startup_runs=1, backward_lengths=(256, 512), backward_memory_length=2048,
-                    window_length=4096, documents_length=2048, score_length=1024, quick=True)
+                    window_length=4096, documents_length=2048, score_length=1024,
+                    window_backward_length=2048, quick=True)
 
 
 def config_from_args(args) -> BenchConfig:
@@ -86,7 +88,7 @@ def config_from_args(args) -> BenchConfig:
     for name in ("rounds", "threads", "memory_length", "padding_length", "parallel_length",
                  "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb",
                  "backward_memory_length", "window_length", "documents_length",
-                 "score_length"):
+                 "score_length", "window_backward_length"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -117,7 +119,8 @@ def command_line(config: BenchConfig) -> str:
              "--backward-memory-L", str(config.backward_memory_length),
              "--window-L", str(config.window_length),
              "--documents-L", str(config.documents_length),
-             "--score-L", str(config.score_length)]
+             "--score-L", str(config.score_length),
+             "--window-backward-L", str(config.window_backward_length)]
     if tuple(config.sections) != SECTIONS:
         words += ["--only", *config.sections]
     if config.threads:

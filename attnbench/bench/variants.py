@@ -7,7 +7,11 @@ Three groups, each timed in interleaved rounds (numba backend, float32, B=1, H=1
 - ``documents``: ``mods.document`` with ``n_documents`` equal documents, non-causal,
   against the plain non-causal call, at ``documents_length``;
 - ``scores``: ``mods.alibi`` and ``mods.softcap`` against the plain non-causal call, at
-  ``score_length``.
+  ``score_length``;
+- ``window backward``: the backward pass (``out`` and ``lse`` given, the forward not
+  timed) with ``sliding_window(window_left)`` and ``causal=True`` against the causal
+  backward alone, at ``window_backward_length`` (no target: the numba backward skips the
+  tiles the window hides, and this row says how much that buys).
 
 The first call of each function compiles its kernel (untimed: the warm-up).  Rows keep
 their samples (``samples_ms``) for the targets' intervals
@@ -27,7 +31,7 @@ import numpy as np
 import kernels
 from attnbench.bench.config import BenchConfig
 from attnbench.bench.sections import _inputs, _row, interleaved
-from attnbench.measure.flops import attention_flops, gflops
+from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.intervals import format_samples
 from kernels import mods
 
@@ -92,4 +96,31 @@ def variants_section(config: BenchConfig, threads: int,
     rows += _group(config, "scores", L, threads, False, {
         "plain": {}, "alibi": {"score_mod": mods.alibi(slopes)},
         "softcap": {"score_mod": mods.softcap(SOFTCAP)}})
+
+    L = config.window_backward_length
+    progress(f"variants window left={left} causal backward vs causal backward, L={L}")
+    rows += _backward_group(config, L, threads, window)
     return rows
+
+
+def _backward_group(config: BenchConfig, L: int, threads: int, window) -> list[dict]:
+    """The causal backward with and without ``window``, interleaved; ``out`` and ``lse``
+    come from each call's own (untimed) forward."""
+    B, H, D = config.batch, config.heads, config.head_size
+    q, k, v = _inputs(B, H, L, D, np.float32)
+    dout = np.ascontiguousarray(v[..., ::-1])  # any fixed output gradient of v's shape
+    calls, flops = {}, {}
+    for name, kwargs in (("causal", {}), (f"causal + window left={config.window_left}",
+                                          {"mask_mod": window})):
+        out, lse = kernels.attention(q, k, v, backend="numba", causal=True, return_lse=True,
+                                     **kwargs)
+        calls[name] = partial(kernels.attention_backward, q, k, v, dout, out=out, lse=lse,
+                              backend="numba", causal=True, **kwargs)
+        flops[name] = backward_flops(B, H, L, L, D, causal=True, **kwargs)
+    timings = interleaved(calls, rounds=max(config.rounds, config.interval_rounds),
+                          min_time=config.min_time)
+    return [_row("variants", "numba", variant=f"window backward: {name}", B=B, H=H, L=L, D=D,
+                 causal=True, dtype=np.float32, threads=threads, **timing.ms_columns(),
+                 samples_ms=format_samples(timing.samples),
+                 gflops=gflops(flops[name], timing.median))
+            for name, timing in timings.items()]

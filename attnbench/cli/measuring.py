@@ -229,7 +229,9 @@ def add_bench(subparsers) -> None:
              "L of the backward's memory check", 16384),
             ("--window-L", "window_length", "L of the sliding-window variant", 16384),
             ("--documents-L", "documents_length", "L of the 8-documents variant", 8192),
-            ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096)):
+            ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096),
+            ("--window-backward-L", "window_backward_length",
+             "L of the backward with the sliding window", 8192)):
         parser.add_argument(flag, dest=dest, type=positive_int, metavar="N",
                             help=f"{what} (default: {default}; --quick: smaller)")
     parser.add_argument("--float64-L", dest="float64_L", type=positive_int, nargs="*",
