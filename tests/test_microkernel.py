@@ -103,15 +103,13 @@ def test_tile_product_is_a_register_block():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal(4 + 2 * 7 + depth + 1), rng.standard_normal(2 + depth * 9 + nr)
     c = rng.standard_normal(1 + 2 * 10 + nr + 3)
-    set_, add = mk.tile_product(mr, nr, False), mk.tile_product(mr, nr, True)
 
     @numba.njit
     def run(a, b, c, accumulate):
         if accumulate:
-            add(a, 4, 7, b, 2, 9, c, 1, 10, depth)
+            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, True)
         else:
-            set_(a, 4, 7, b, 2, 9, c, 1, 10, depth)
-
+            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, False)
     A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (56, 8))
     B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (72, 8))
     before = c.copy()
@@ -149,24 +147,3 @@ def test_rejects_what_it_does_not_support():
     problem = kernels.prepare(q, k, v, mask=np.ones((4, 4), bool))
     with pytest.raises(ValueError, match="causal, key_lengths and scale only"):
         mk.run(problem, CONFIGS[0][1])
-
-
-def test_planner_picks_the_fastest_and_caches(monkeypatch):
-    """plan() keeps the fastest block, choice() the micro path only where it beats the BLAS."""
-    fake = {"order": []}  # seconds each timed candidate takes, in the order timed
-
-    def best_time(fn, repeat):
-        return fake["order"].pop(0)
-
-    monkeypatch.setattr(mk, "_best_time", best_time)
-    monkeypatch.setattr(mk, "CONFIGS", {np.dtype(np.float32): ((4, 32), (8, 16), (4, 16))})
-    monkeypatch.setattr(mk, "_PLANS", {})
-    monkeypatch.setattr(mk, "_CHOICES", {})
-    fake["order"] = [3.0, 1.0, 2.0]
-    assert mk.plan(np.float32) == (8, 16)
-    assert mk.plan("float32") == (8, 16) and fake["order"] == []  # cached: nothing timed
-    fake["order"] = [1.0, 2.0]  # micro path, then the BLAS kernel
-    assert mk.choice(np.float32) == (8, 16)
-    mk._CHOICES.clear()
-    fake["order"] = [2.0, 1.0]
-    assert mk.choice(np.float32) is None
