@@ -8,8 +8,10 @@ panels packed once per (batch, head)?  This module is the alternative, measured 
 Layout.  For each (batch, key/value head) the keys are packed once into panels of ``nr``
 keys, ``kp[panel, d, j] = K[panel · nr + j, d]`` (zero past the last key or past
 ``key_lengths[b]``), and the values into rows padded to a multiple of ``nr``:
-``vp[j, :Dv] = V[j]``.  A task is ``block_q`` query rows of one (batch, head); it copies
-them into a zero-padded block and walks the keys in tiles of ``block_k``:
+``vp[j, :Dv] = V[j]``: either all heads in one parallel launch before the query blocks,
+or (``fuse``, where there are heads enough per thread) by the task that then runs every
+query block of that key head.  A query block is ``block_q`` rows of one (batch, head);
+it is copied into a zero-padded block and walks the keys in tiles of ``block_k``:
 
     S = Q_blk · K_tileᵀ      by ``mr`` x ``nr`` register blocks (one panel per block column)
     online softmax on S      (as kernels.numba_cpu: integer-key row max, polynomial exp,
@@ -23,6 +25,10 @@ written in LLVM IR (``<nr x float>`` vectors) because LLVM does not keep loop-ca
 array accumulators in registers when Numba's loops are vectorised; LLVM splits the
 vectors into the machine's registers (``nr = 32`` float32 is two zmm or four ymm).
 
+The register block is a compile-time constant (a Numba literal), so every kernel is an
+ordinary module-level function cached on disk (``cache=True``): one specialisation per
+block and dtype, compiled once per machine.  :mod:`kernels._microplan` chooses the block.
+
 Supported: float32 and float64, GQA, ``causal`` (both alignments, as ``causal_offset``),
 ``key_lengths`` and ``scale``; no ``mask``, dropout, weights or mods (the benchmark's
 cases).  Semantics as the numba backend: a row that sees no key gives 0, a visible NaN
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import literally, njit, prange, types
@@ -53,6 +60,8 @@ CONFIGS = {
 #: Query rows per task and keys per tile (a multiple of every ``nr`` above).
 BLOCK_Q = 64
 BLOCK_K = 256
+#: Key heads per Numba thread from which :func:`run` fuses packing into the task loop.
+FUSE_TASKS_PER_THREAD = 4
 
 
 def _literal(ty, kind):
@@ -123,39 +132,42 @@ def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
     return context.get_dummy_value()
 
 
-@njit(parallel=True, fastmath=_FASTMATH, error_model="numpy", cache=True)
+@njit(fastmath=_FASTMATH, error_model="numpy", cache=True)
+def _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
+    """kp_bh = keys of (b, hk) in panels of nr (zero past key_end), vp_bh = padded values."""
+    D, Dv, nr = k.shape[3], v.shape[3], kp_bh.shape[2]
+    kp_bh[:] = 0
+    vp_bh[:] = 0
+    for p in range(kp_bh.shape[0]):
+        for j in range(min(nr, key_end - p * nr)):
+            for d in range(D):
+                kp_bh[p, d, j] = k[b, hk, p * nr + j, d]
+    for j in range(key_end):
+        for d in range(Dv):
+            vp_bh[j, d] = v[b, hk, j, d]
+
+
+@njit(parallel=True, cache=True)
 def _pack(k, v, key_lengths, kp, vp):
-    """kp[b, hk] = keys in panels of nr (zero past key_lengths), vp[b, hk] = padded values."""
-    B, Hkv, _, D = k.shape
-    Dv = v.shape[3]
-    n_panels, nr = kp.shape[2], kp.shape[4]
-    for bh in prange(B * Hkv):
+    """Every (batch, key head) packed by :func:`_pack_head`, in parallel."""
+    Hkv = k.shape[1]
+    for bh in prange(k.shape[0] * Hkv):
         b, hk = bh // Hkv, bh % Hkv
-        key_end = key_lengths[b]
-        kp_bh, vp_bh = kp[b, hk], vp[b, hk]
-        kp_bh[:] = 0
-        vp_bh[:] = 0
-        for p in range(n_panels):
-            for j in range(min(nr, key_end - p * nr)):
-                for d in range(D):
-                    kp_bh[p, d, j] = k[b, hk, p * nr + j, d]
-        for j in range(key_end):
-            for d in range(Dv):
-                vp_bh[j, d] = v[b, hk, j, d]
+        _pack_head(k, v, key_lengths[b], b, hk, kp[b, hk], vp[b, hk])
 
 
 @njit(fastmath=_FASTMATH, error_model="numpy", cache=True)
-def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, hk, i0,
-            i1, block_k, mr, nr):
-    """Rows [i0, i1) of (b, h) against packed keys and values (the online softmax)."""
-    D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[3]
+def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
+            block_k, mr, nr):
+    """Rows [i0, i1) of (b, h) against its packed keys ``kp`` and values ``vp``."""
+    D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[1]
     n = i1 - i0
     n_pad = -(-n // mr) * mr
     qb = np.zeros(n_pad * D, dtype=q.dtype)
     for r in range(n):
         for d in range(D):
             qb[r * D + d] = q[b, h, i0 + r, d]
-    kp_f, vp_f = kp[b, hk].reshape(-1), vp[b, hk].reshape(-1)
+    kp_f, vp_f = kp.reshape(-1), vp.reshape(-1)
     s = np.empty(n_pad * block_k, dtype=q.dtype)  # scores, then P, rows of block_k
     s_rows = s.reshape((n_pad, block_k))
     acc = np.zeros(n_pad * Dv_pad, dtype=q.dtype)
@@ -213,7 +225,7 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
                 acc_row = acc[r * Dv_pad:(r + 1) * Dv_pad]
                 for d in range(Dv_pad):
                     acc_row[d] *= correction
-        if partial and not np.all(np.isfinite(vp[b, hk, j0:j1])):
+        if partial and not np.all(np.isfinite(vp[j0:j1])):
             for r in range(r_lo, n):  # a hidden non-finite value: visible keys only
                 hi = max(min(nk, i0 + r + causal_offset + 1 - j0), 0)
                 for c in range(hi):
@@ -233,35 +245,53 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
 
 @njit(parallel=True, cache=True)
 def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_q, block_k,
-            mr, nr):
+            fuse, mr, nr):
     """The forward pass by ``mr`` x ``nr`` register blocks (see :func:`run`)."""
     literally(mr)  # compile-time constants: one cached specialisation per block
     literally(nr)
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     Hkv, Lk, D, Dv = k.shape[1], k.shape[2], k.shape[3], v.shape[3]
-    kp = np.empty((B, Hkv, -(-Lk // nr), D, nr), dtype=q.dtype)
-    vp = np.empty((B, Hkv, Lk, -(-Dv // nr) * nr), dtype=q.dtype)
-    _pack(k, v, key_lengths, kp, vp)
-    n_blocks = -(-Lq // block_q)
+    n_panels, Dv_pad = -(-Lk // nr), -(-Dv // nr) * nr
+    n_blocks, group = -(-Lq // block_q), H // Hkv
+    if fuse:  # one launch: a task packs one key head, then runs all its query blocks
+        for bh in prange(B * Hkv):
+            b, hk = bh // Hkv, bh % Hkv
+            kp = np.empty((n_panels, D, nr), dtype=q.dtype)
+            vp = np.empty((Lk, Dv_pad), dtype=q.dtype)
+            _pack_head(k, v, key_lengths[b], b, hk, kp, vp)
+            for task in range(group * n_blocks):
+                h, i0 = hk * group + task // n_blocks, (task % n_blocks) * block_q
+                _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
+                        i0, min(i0 + block_q, Lq), block_k, mr, nr)
+        return
+    kps = np.empty((B, Hkv, n_panels, D, nr), dtype=q.dtype)
+    vps = np.empty((B, Hkv, Lk, Dv_pad), dtype=q.dtype)
+    _pack(k, v, key_lengths, kps, vps)
     for task in prange(B * H * n_blocks):
         bh, block = task // n_blocks, task % n_blocks
         b, h = bh // H, bh % H
         i0 = block * block_q
-        _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
-                h // (H // Hkv), i0, min(i0 + block_q, Lq), block_k, mr, nr)
+        _attend(q, kps[b, h // group], vps[b, h // group], key_lengths, causal, causal_offset,
+                scale, out, lse, b, h, i0, min(i0 + block_q, Lq), block_k, mr, nr)
 
 
-def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None):
     """``(out, lse)`` of a validated problem (no mask, dropout, weights or mods).
 
     The entry point a backend would call, as ``kernels.numba_cpu.run(problem,
     return_lse=True)`` returns its ``out`` and ``lse``: out (B, H, Lq, Dv), lse (B, H, Lq).
+    ``fuse``: one parallel launch whose tasks each pack one (batch, key head) and run all
+    its query blocks (no second launch, no packed copy of the whole K and V), rather than
+    a packing launch and then one task per query block; default: fused where there are at
+    least :data:`FUSE_TASKS_PER_THREAD` key heads per Numba thread (enough to balance).
     """
     if (problem.mask is not None or problem.dropout_p or problem.return_weights
             or problem.score_mod is not None or problem.mask_mod is not None):
         raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
     mr, nr = config
-    B, H, _, Lq, _, _, Dv = problem.shape
+    B, H, Hkv, Lq, _, _, Dv = problem.shape
+    if fuse is None:
+        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
     dtype = problem.dtype.type
     out = np.empty((B, H, Lq, Dv), dtype=dtype)
     lse = np.empty((B, H, Lq), dtype=dtype)
@@ -271,12 +301,13 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
         with launch_guard():
             _kernel(problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
                     problem.causal_offset is not None, problem.causal_offset or 0,
-                    dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr, mr, nr)
+                    dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
+                    bool(fuse), mr, nr)
     return out, lse
 
 
 def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=None,
-              block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
+              block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None) -> np.ndarray:
     """Masked attention by the micro-kernel path, as ``kernels.attention`` computes it.
 
     Parameters
@@ -288,6 +319,8 @@ def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=Non
     block_q, block_k : int
         Query rows per task and keys per tile (``block_k`` is rounded up to a multiple of
         ``nr``).
+    fuse : bool, optional
+        As :func:`run`.
 
     Returns
     -------
@@ -297,4 +330,5 @@ def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=Non
 
     problem = kernels.prepare(q, k, v, causal=causal, key_lengths=key_lengths, scale=scale)
     config = config or CONFIGS[problem.dtype][0]
-    return problem.restore(run(problem, config, block_q=block_q, block_k=block_k)[0])
+    return problem.restore(run(problem, config, block_q=block_q, block_k=block_k,
+                               fuse=fuse)[0])

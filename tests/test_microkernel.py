@@ -1,5 +1,8 @@
 """The micro-kernel path (kernels/_microkernel.py) against the reference.
 
+Both ways of packing K and V (a separate launch, or fused into the task loop) are run on
+every checked case and must agree exactly.
+
 Small tiles (8 query rows per task, keys in tiles of one or two panels) make tiny problems
 cross every boundary: row tails of the register block (Lq not a multiple of ``mr``), key
 tails of a panel (Lk, key lengths and the causal cut not multiples of ``nr``), value
@@ -32,8 +35,10 @@ def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
 def _check(q, k, v, config, block_q=8, block_k=None, **kwargs):
     """The micro-kernel's output against the oracle, within the differential tolerance."""
     (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
-    got = mk.attention(q, k, v, config=config, block_q=block_q,
-                       block_k=block_k or config[1], **kwargs)
+    got, fused = (mk.attention(q, k, v, config=config, block_q=block_q,
+                               block_k=block_k or config[1], fuse=fuse, **kwargs)
+                  for fuse in (False, True))
+    assert np.array_equal(got, fused, equal_nan=True)  # packing fused or not: same arithmetic
     assert got.dtype == q.dtype and got.shape == exact.shape
     err = max_error(got, exact)
     tol = tolerance(exact, plain, q.dtype)
