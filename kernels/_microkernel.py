@@ -299,11 +299,26 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
         from .numba_cpu import launch_guard
 
         with launch_guard():
-            _kernel(problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
-                    problem.causal_offset is not None, problem.causal_offset or 0,
-                    dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
-                    bool(fuse), mr, nr)
+            _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
+                     problem.causal_offset is not None, problem.causal_offset or 0,
+                     dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
+                     bool(fuse)), mr, nr)
     return out, lse
+
+
+def _launch(args: tuple, mr: int, nr: int) -> None:
+    """``_kernel(*args, mr, nr)``, calling its compiled specialisation directly once it exists.
+
+    A call through the dispatcher with plain ints for ``mr`` and ``nr`` types the kernel
+    again on every call until ``literally`` asks for literals (about 15 ms here); the
+    specialisation for literal ``mr`` and ``nr`` is looked up by the argument types instead.
+    """
+    sig = tuple(numba.typeof(a) for a in args) + (types.literal(mr), types.literal(nr))
+    compiled = _kernel.overloads.get(sig)
+    if compiled is None:
+        _kernel(*args, mr, nr)  # compiles, or loads from the disk cache
+    else:
+        compiled.entry_point(*args, mr, nr)
 
 
 def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=None,
