@@ -5,7 +5,7 @@ each function once, in a rotating order, warm-up and calibration excluded), per 
 
 - ``numba``: the numba backend as shipped (:func:`kernels.numba_cpu.run`, parallel);
 - ``micro``: the micro-kernel path (:mod:`kernels._microkernel`), register block chosen by
-  its planner (:func:`kernels._microkernel.plan`) at first use per dtype;
+  its planner (:func:`kernels._microplan.plan`: timed once per machine and dtype, persisted);
 - ``floor``: the numba backend's BLAS tile GEMMs alone
   (:func:`attnbench.bench.gemm_floor.tile_gemms`; non-causal only);
 - ``torch``: PyTorch's SDPA on the CPU (where installed), same threads.
@@ -40,7 +40,7 @@ from attnbench.bench import gemm_floor
 from attnbench.measure import machine, peers
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
-from kernels import _microkernel, numba_cpu
+from kernels import _microkernel, _microplan, numba_cpu
 
 #: Ratios reported per point: (name, numerator, denominator).
 RATIOS = (("micro/numba", "micro", "numba"), ("numba/floor", "numba", "floor"),
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
           f"(features: {target['NUMBA_CPU_FEATURES'] or 'host'})", flush=True)
     given = dict(item.split(":") for item in args.config)
     plans = {name: tuple(int(n) for n in given[name].split("x")) if name in given
-             else _microkernel.plan(name) for name in args.dtypes}
+             else _microplan.plan(name) for name in args.dtypes}
     info["plans"] = {name: list(config) for name, config in plans.items()}
     print(f"Planner    {info['plans']}", flush=True)
     rows = []

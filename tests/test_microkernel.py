@@ -1,5 +1,8 @@
 """The micro-kernel path (kernels/_microkernel.py) against the reference.
 
+Both ways of packing K and V (a separate launch, or fused into the task loop) are run on
+every checked case and must agree exactly.
+
 Small tiles (8 query rows per task, keys in tiles of one or two panels) make tiny problems
 cross every boundary: row tails of the register block (Lq not a multiple of ``mr``), key
 tails of a panel (Lk, key lengths and the causal cut not multiples of ``nr``), value
@@ -32,8 +35,10 @@ def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
 def _check(q, k, v, config, block_q=8, block_k=None, **kwargs):
     """The micro-kernel's output against the oracle, within the differential tolerance."""
     (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
-    got = mk.attention(q, k, v, config=config, block_q=block_q,
-                       block_k=block_k or config[1], **kwargs)
+    got, fused = (mk.attention(q, k, v, config=config, block_q=block_q,
+                               block_k=block_k or config[1], fuse=fuse, **kwargs)
+                  for fuse in (False, True))
+    assert np.array_equal(got, fused, equal_nan=True)  # packing fused or not: same arithmetic
     assert got.dtype == q.dtype and got.shape == exact.shape
     err = max_error(got, exact)
     tol = tolerance(exact, plain, q.dtype)
@@ -103,15 +108,13 @@ def test_tile_product_is_a_register_block():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal(4 + 2 * 7 + depth + 1), rng.standard_normal(2 + depth * 9 + nr)
     c = rng.standard_normal(1 + 2 * 10 + nr + 3)
-    set_, add = mk.tile_product(mr, nr, False), mk.tile_product(mr, nr, True)
 
     @numba.njit
     def run(a, b, c, accumulate):
         if accumulate:
-            add(a, 4, 7, b, 2, 9, c, 1, 10, depth)
+            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, True)
         else:
-            set_(a, 4, 7, b, 2, 9, c, 1, 10, depth)
-
+            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, False)
     A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (56, 8))
     B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (72, 8))
     before = c.copy()
@@ -151,22 +154,20 @@ def test_rejects_what_it_does_not_support():
         mk.run(problem, CONFIGS[0][1])
 
 
-def test_planner_picks_the_fastest_and_caches(monkeypatch):
-    """plan() keeps the fastest block, choice() the micro path only where it beats the BLAS."""
-    fake = {"order": []}  # seconds each timed candidate takes, in the order timed
+def test_later_calls_skip_the_literal_dispatch(monkeypatch):
+    """Once compiled, run() calls the block's specialisation, not the dispatcher (~15 ms)."""
+    config = CONFIGS[0][1]
+    q, k, v = _inputs(np.float32, 1, 2, 1, 9, 11, 4, 3)
+    first = mk.attention(q, k, v, config=config, block_q=8)
+    real, dispatched = mk._kernel, []
 
-    def best_time(fn, repeat):
-        return fake["order"].pop(0)
+    class Spy:
+        overloads = real.overloads
 
-    monkeypatch.setattr(mk, "_best_time", best_time)
-    monkeypatch.setattr(mk, "CONFIGS", {np.dtype(np.float32): ((4, 32), (8, 16), (4, 16))})
-    monkeypatch.setattr(mk, "_PLANS", {})
-    monkeypatch.setattr(mk, "_CHOICES", {})
-    fake["order"] = [3.0, 1.0, 2.0]
-    assert mk.plan(np.float32) == (8, 16)
-    assert mk.plan("float32") == (8, 16) and fake["order"] == []  # cached: nothing timed
-    fake["order"] = [1.0, 2.0]  # micro path, then the BLAS kernel
-    assert mk.choice(np.float32) == (8, 16)
-    mk._CHOICES.clear()
-    fake["order"] = [2.0, 1.0]
-    assert mk.choice(np.float32) is None
+        def __call__(self, *args):
+            dispatched.append(args)
+            return real(*args)
+
+    monkeypatch.setattr(mk, "_kernel", Spy())
+    assert np.array_equal(mk.attention(q, k, v, config=config, block_q=8), first)
+    assert dispatched == []

@@ -1,0 +1,252 @@
+"""The micro-kernel path's planner, and its choices persisted ("wisdom", as FFTW says).
+
+:func:`plan` picks the register block of :data:`kernels._microkernel.CONFIGS`,
+:func:`choice` whether that block beats the BLAS tile kernel; both time one thread by CPU
+time and persist what they chose.
+
+A choice is stored per key (the CPU name and features Numba compiles for, and the dtype)
+in one small JSON file, ``microkernel-plan.json``, next to Numba's on-disk cache: in
+``NUMBA_CACHE_DIR`` when set, else in this package's ``__pycache__``.  Where that cannot
+be written (a read-only install) the file goes to a per-user cache directory
+(``$XDG_CACHE_HOME/attnbench`` or ``~/.cache/attnbench``); where neither can, the choice
+lives in memory only.  A file that cannot be read or parsed, of another format version,
+or whose entry does not pass the caller's check, is ignored (and replaced at the next
+store).  Writes are atomic (a temporary file renamed over the old one).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from ._microkernel import CONFIGS, run
+
+__all__ = ["FILENAME", "VERSION", "choice", "load", "locations", "machine_key",
+           "median_interval", "plan", "store"]
+
+FILENAME = "microkernel-plan.json"
+#: Format version: a file of another version is ignored.
+VERSION = 1
+
+
+def locations() -> list[Path]:
+    """Directories tried for the file, in order: beside Numba's cache, then per user."""
+    from numba.core import config
+
+    primary = (Path(config.CACHE_DIR) if config.CACHE_DIR
+               else Path(__file__).resolve().parent / "__pycache__")
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
+    return [primary, user]
+
+
+def machine_key(dtype) -> str:
+    """``cpu name|features|dtype``: Numba's target (its overrides first), and the dtype."""
+    from llvmlite import binding as llvm
+    from numba.core import config
+
+    name = config.CPU_NAME or llvm.get_host_cpu_name()
+    features = config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return f"{name}|{features}|{dtype}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def load(key: str, valid=lambda entry: True) -> dict | None:
+    """The stored entry for ``key`` from the first location that has a valid one, or None."""
+    for directory in locations():
+        entry = _read(directory / FILENAME).get(key)
+        if isinstance(entry, dict):
+            try:
+                if valid(entry):
+                    return entry
+            except (KeyError, TypeError, ValueError):
+                pass
+    return None
+
+
+def store(key: str, entry: dict) -> Path | None:
+    """Merge ``entry`` under ``key`` into the first writable location; its path, or None."""
+    for directory in locations():
+        path = directory / FILENAME
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            entries = _read(path)
+            entries[key] = entry
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".microkernel-plan-")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": VERSION, "entries": entries}, f, indent=1)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def median_interval(samples, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(median, low, high)``: the sample median and its distribution-free interval.
+
+    The interval is between order statistics ``k`` and ``n + 1 - k`` (1-based), with the
+    largest ``k`` for which Binomial(n, 1/2) puts at most ``(1 - confidence) / 2`` below
+    ``k`` (the whole range when ``n`` is too small for that confidence).
+    """
+    xs = sorted(float(x) for x in samples)
+    n = len(xs)
+    if not n:
+        raise ValueError("no samples")
+    mid = n // 2
+    median = xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+    tail, k, cdf = (1 - confidence) / 2, 1, 0.0
+    for j in range(mid):  # cdf = P(X <= j): order statistic j + 1 is a valid lower end
+        cdf += math.comb(n, j) / 2 ** n
+        if cdf > tail:
+            break
+        k = j + 1
+    return median, xs[k - 1], xs[n - k]
+
+
+#: The planner's representative problem (B, H, L, D) and its interleaved rounds.
+PLAN_SHAPE = (1, 4, 1024, 64)
+PLAN_ROUNDS = 9
+_PLANS: dict = {}  # this process's choices, per dtype (plan, then choice)
+_CHOICES: dict = {}
+
+
+def _cpu_clock():
+    """The clock that sees one Numba thread's work: the calling thread's CPU time.
+
+    Numba's OpenMP and TBB layers run a one-thread launch on the calling thread; its
+    workqueue layer hands it to a worker, so there the process's CPU time is used.
+    """
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel launch yet
+        layer = None
+    return time.thread_time if layer in ("omp", "tbb") else time.process_time
+
+
+def _time_calls(calls: dict, rounds: int) -> dict:
+    """CPU seconds of each call per round, on one Numba thread, interleaved.
+
+    Every call runs once untimed (compilation, first touch); then each round times every
+    call once, starting one further along the list each round (so that a drift of the
+    machine's speed does not fall on one call).  CPU time, not wall time: on a shared
+    machine it counts the work, not the waits for a core.
+    """
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for call in calls.values():
+            call()
+        clock = _cpu_clock()
+        names = list(calls)
+        samples = {name: [] for name in names}
+        for i in range(rounds):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                start = clock()
+                calls[name]()
+                samples[name].append(clock() - start)
+    finally:
+        numba.set_num_threads(threads)
+    return samples
+
+
+def _summary(samples: dict) -> dict:
+    """``{"mrxnr" or name: [median, low, high]}``: medians and their 95% intervals (s)."""
+    def label(name):
+        return name if isinstance(name, str) else "x".join(map(str, name))
+
+    return {label(name): list(median_interval(s)) for name, s in samples.items()}
+
+
+def _plan_problem(dtype, shape):
+    import kernels
+
+    rng = np.random.default_rng(0)
+    return kernels.prepare(*(rng.standard_normal(shape).astype(dtype) for _ in range(3)))
+
+
+def _valid_plan(dtype):
+    return lambda entry: tuple(entry["plan"]) in CONFIGS[dtype]
+
+
+def _valid_choice(dtype):
+    def valid(entry):
+        return _valid_plan(dtype)(entry) and (entry["choice"] == "blas"
+                                              or tuple(entry["choice"]) == tuple(entry["plan"]))
+    return valid
+
+
+def plan(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, int]:
+    """The fastest register block of :data:`CONFIGS` for ``dtype`` on this machine.
+
+    Like FFTW's planner with its wisdom: the choice is looked up in memory, then in the
+    persisted file (:func:`load`: per CPU name, features and dtype); only
+    where neither has one is every candidate compiled and timed (:func:`_time_calls`:
+    one thread, CPU time, ``rounds`` interleaved rounds on random inputs of ``shape``
+    (B, H, L, D)), the block with the lowest median kept, and the choice persisted with
+    the medians and their 95% intervals.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _PLANS:
+        key = machine_key(dtype.name)
+        entry = load(key, _valid_plan(dtype))
+        if entry is None:
+            problem = _plan_problem(dtype, shape)
+            samples = _time_calls({c: functools.partial(run, problem, c) for c in CONFIGS[dtype]},
+                                  rounds)
+            best = min(samples, key=lambda c: median_interval(samples[c])[0])
+            entry = {"plan": list(best), "plan_seconds": _summary(samples),
+                     "shape": list(shape), "rounds": rounds}
+            store(key, entry)
+        _PLANS[dtype] = tuple(entry["plan"])
+    return _PLANS[dtype]
+
+
+def choice(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, int] | None:
+    """The planned register block if it beats the BLAS tile kernel here, else None.
+
+    What a backend would consult at first use per machine and dtype (and record in the
+    machine record): the micro-kernel path at :func:`plan`'s block against
+    :func:`kernels.numba_cpu.run`, timed as :func:`plan` times, the lower median winning;
+    remembered and persisted as :func:`plan` is (``"choice"``: the block or ``"blas"``).
+    """
+    from kernels import numba_cpu
+
+    dtype = np.dtype(dtype)
+    if dtype not in _CHOICES:
+        config = plan(dtype, shape=shape, rounds=rounds)
+        key = machine_key(dtype.name)
+        entry = load(key, _valid_choice(dtype))
+        if entry is None or tuple(entry["plan"]) != config:
+            problem = _plan_problem(dtype, shape)
+            samples = _time_calls({"micro": functools.partial(run, problem, config),
+                                   "blas": functools.partial(numba_cpu.run, problem,
+                                                             parallel=True)}, rounds)
+            med = {name: median_interval(s)[0] for name, s in samples.items()}
+            entry = dict(load(key, _valid_plan(dtype)) or {"plan": list(config)},
+                         choice=list(config) if med["micro"] < med["blas"] else "blas",
+                         choice_seconds=_summary(samples))
+            store(key, entry)
+        _CHOICES[dtype] = None if entry["choice"] == "blas" else tuple(entry["choice"])
+    return _CHOICES[dtype]

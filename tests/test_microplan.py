@@ -1,0 +1,111 @@
+"""The micro-kernel path's planner (kernels/_microplan.py) and its persisted choices.
+
+Nothing here compiles or times a kernel: the timer is replaced by one that returns given
+samples and counts its calls, so these tests check the bookkeeping (fastest median kept,
+the choice persisted and reused without re-timing, bad files ignored, a read-only
+location survived) in milliseconds.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from numba.core import config as numba_config
+
+from kernels import _microplan as mp
+
+F32 = np.dtype(np.float32)
+
+
+@pytest.fixture
+def planner(monkeypatch, tmp_path):
+    """Fresh in-memory plans, wisdom under tmp_path, and a fake timer (samples to hand)."""
+    monkeypatch.setattr(numba_config, "CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    monkeypatch.setattr(mp, "CONFIGS", {F32: ((4, 32), (8, 16), (4, 16))})
+    monkeypatch.setattr(mp, "_PLANS", {})
+    monkeypatch.setattr(mp, "_CHOICES", {})
+    fake = {"medians": [], "timed": 0}  # per _time_calls call: one median per call timed
+
+    def time_calls(calls, rounds):
+        fake["timed"] += 1
+        medians = fake["medians"].pop(0)
+        return {name: [m * 0.9, m, m * 1.1] * 3 for name, m in zip(calls, medians, strict=True)}
+
+    monkeypatch.setattr(mp, "_time_calls", time_calls)
+    return fake
+
+
+def _forget():
+    """A new process: nothing in memory, only what was persisted."""
+    mp._PLANS.clear()
+    mp._CHOICES.clear()
+
+
+def test_plan_keeps_the_fastest_and_later_processes_reuse_it(planner, tmp_path):
+    planner["medians"] = [[3.0, 1.0, 2.0]]
+    assert mp.plan(np.float32) == (8, 16) and planner["timed"] == 1
+    assert mp.plan("float32") == (8, 16) and planner["timed"] == 1  # in memory
+    path = tmp_path / "numba" / mp.FILENAME
+    entry = json.loads(path.read_text())["entries"][mp.machine_key("float32")]
+    assert entry["plan"] == [8, 16] and entry["plan_seconds"]["8x16"][0] == 1.0
+    _forget()
+    assert mp.plan(np.float32) == (8, 16) and planner["timed"] == 1  # persisted: not re-timed
+
+
+def test_choice_against_blas_persisted(planner):
+    planner["medians"] = [[3.0, 1.0, 2.0], [1.0, 2.0]]  # the blocks, then micro vs BLAS
+    assert mp.choice(np.float32) == (8, 16) and planner["timed"] == 2
+    _forget()
+    assert mp.choice(np.float32) == (8, 16) and planner["timed"] == 2
+    key = mp.machine_key("float32")
+    mp.store(key, dict(mp.load(key), choice="blas"))
+    _forget()
+    assert mp.choice(np.float32) is None and planner["timed"] == 2
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",
+    json.dumps({"version": mp.VERSION + 1, "entries": {}}),  # another format
+    json.dumps([1, 2]),
+    None,  # filled below: the right format, an entry for another CPU only
+    "block not in CONFIGS",
+])
+def test_corrupt_or_foreign_file_is_ignored(planner, tmp_path, content):
+    key = mp.machine_key("float32")
+    entries = ({"other-cpu|+avx|float32": {"plan": [4, 32]}} if content is None
+               else {key: {"plan": [12, 12]}})
+    if content is None or content.startswith("block"):
+        content = json.dumps({"version": mp.VERSION, "entries": entries})
+    path = tmp_path / "numba" / mp.FILENAME
+    path.parent.mkdir()
+    path.write_text(content)
+    planner["medians"] = [[3.0, 1.0, 2.0]]
+    assert mp.plan(np.float32) == (8, 16) and planner["timed"] == 1  # re-timed
+    stored = json.loads(path.read_text())  # and replaced by a valid file
+    assert stored["version"] == mp.VERSION and stored["entries"][key]["plan"] == [8, 16]
+
+
+def test_unwritable_location_falls_back_to_the_user_cache_then_memory(
+        planner, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(numba_config, "CACHE_DIR", str(blocker / "numba"))  # cannot be made
+    planner["medians"] = [[3.0, 1.0, 2.0]]
+    assert mp.plan(np.float32) == (8, 16)
+    assert (tmp_path / "user" / "attnbench" / mp.FILENAME).exists()
+    _forget()
+    assert mp.plan(np.float32) == (8, 16) and planner["timed"] == 1  # read back from there
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "user"))  # neither: memory only
+    _forget()
+    planner["medians"] = [[1.0, 3.0, 2.0]]
+    assert mp.plan(np.float32) == (4, 32) and planner["timed"] == 2
+    assert mp.plan(np.float32) == (4, 32) and planner["timed"] == 2
+
+
+@pytest.mark.parametrize("n, k", [(5, 1), (9, 2), (20, 6)])
+def test_median_interval_order_statistics(n, k):
+    """The 95% interval of the median is order statistics k and n + 1 - k (1-based)."""
+    xs = np.arange(1.0, n + 1)[::-1]
+    median, lo, hi = mp.median_interval(xs)
+    assert median == np.median(xs) and (lo, hi) == (k, n + 1 - k)
