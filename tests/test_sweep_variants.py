@@ -6,7 +6,7 @@ import pytest
 import kernels
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
-from attnbench.sweep.calls import backward_takes_mods, make_inputs
+from attnbench.sweep.calls import make_inputs
 from attnbench.sweep.grid import Point
 from attnbench.sweep.runner import PointRunner
 from attnbench.sweep.variants import (
@@ -94,9 +94,13 @@ def test_variant_points_agree_with_the_oracle_of_the_same_variant(runner, backen
 def test_what_a_backend_cannot_express_is_skipped_with_the_reason(runner):
     softcap = runner(point("numpy", variant="softcap"))
     assert softcap["status"] == "skipped" and "softcap" in softcap["reason"]
-    if not backward_takes_mods():
-        row = runner(point("numba", direction="backward", variant="window-4"))
-        assert row["status"] == "skipped" and "score_mod or mask_mod" in row["reason"]
+
+
+@pytest.mark.parametrize("variant", ["window-4", "alibi"])
+def test_backward_variant_points_agree_with_the_oracle(runner, variant):
+    row = runner(point("numba", direction="backward", L=24, mask="causal", variant=variant))
+    assert row["status"] == "ok", row["reason"]
+    assert row["within_tolerance"], (row["max_abs_err"], row["tolerance"])
 
 
 def test_peer_masks_mean_what_the_mask_functions_mean():

@@ -15,7 +15,6 @@ function of no arguments that :class:`attnbench.sweep.runner.PointRunner` times:
 from __future__ import annotations
 
 import functools
-import inspect
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from attnbench.measure.problems import ProblemSpec
 from attnbench.sweep.grid import MASK_KINDS, Point
 from attnbench.sweep.variants import peer_kwargs, variant_kwargs
 
-__all__ = ["backward_takes_mods", "make_call", "make_dout", "make_inputs"]
+__all__ = ["make_call", "make_dout", "make_inputs"]
 
 
 def make_inputs(point: Point):
@@ -43,13 +42,6 @@ def make_dout(point: Point, q: np.ndarray) -> np.ndarray:
     """The output gradient of a backward point: q's shape and dtype, seeded by the problem."""
     rng = np.random.default_rng([problems.SEED, point.L, point.d_k, point.heads, point.batch, 1])
     return rng.standard_normal(q.shape).astype(q.dtype)  # (B, H, L, d_k)
-
-
-@functools.cache
-def backward_takes_mods() -> bool:
-    """True when :func:`kernels.attention_backward` takes ``score_mod`` and ``mask_mod``."""
-    parameters = inspect.signature(kernels.attention_backward).parameters
-    return {"score_mod", "mask_mod"} <= set(parameters)
 
 
 def make_call(point: Point, q, k, v, kwargs: dict):

@@ -60,7 +60,7 @@ from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
 from attnbench.measure.problems import SETTLE_SECONDS
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
-from attnbench.sweep.calls import backward_takes_mods, make_call, make_dout, make_inputs
+from attnbench.sweep.calls import make_call, make_dout, make_inputs
 from attnbench.sweep.grid import Point
 from attnbench.sweep.variants import peer_kwargs, variant_kwargs
 
@@ -149,10 +149,6 @@ class PointRunner:
         if point.direction == "backward":
             if point.backend in GPU_BACKENDS:
                 return "skipped: the sweep times backward passes on the CPU only"
-            if point.variant != "none" and point.backend not in peers.PEERS \
-                    and not backward_takes_mods():
-                return ("skipped: kernels.attention_backward takes no score_mod or mask_mod "
-                        "in this version")
         if point.backend in GPU_BACKENDS:
             usable, why = gpu_device.backend_status(point.backend,
                                                      allow_simulator=self.allow_simulator)
