@@ -26,7 +26,7 @@ import numpy as np
 
 import kernels
 from attnbench.bench.config import BenchConfig
-from attnbench.bench.sections import _inputs, _row, interleaved
+from attnbench.bench.sections import _inputs, _row, interval_timings
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.intervals import format_samples
@@ -44,13 +44,15 @@ def _dout(q: np.ndarray) -> np.ndarray:
     return np.random.default_rng(99).standard_normal(q.shape).astype(q.dtype)
 
 
-def numba_backward_call(q, k, v, dout, causal: bool) -> Callable[[], tuple]:
-    """The numba backward with ``out`` and ``lse`` computed once, outside the call."""
-    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True, backend="numba")
+def numba_backward_call(q, k, v, dout, causal: bool, **mods) -> Callable[[], tuple]:
+    """The numba backward with ``out`` and ``lse`` computed once, outside the call
+    (``mods``: ``score_mod``/``mask_mod``, given to both passes)."""
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True, backend="numba",
+                                 **mods)
 
     def call():
         return kernels.attention_backward(q, k, v, dout, out=out, lse=lse, causal=causal,
-                                          backend="numba")
+                                          backend="numba", **mods)
     return call
 
 
@@ -88,8 +90,7 @@ def backward_rows(config: BenchConfig, L: int, threads: int) -> list[dict]:
     dout = _dout(q)
     torch_ok = "torch" in config.peers and peers.peer_status("torch")[0]
     calls = _shape_calls(config, q, k, v, dout, torch_ok)
-    timings = interleaved(calls, rounds=max(config.rounds, config.interval_rounds),
-                          min_time=config.min_time)
+    timings = interval_timings(calls, config)
     rows = []
     for (variant, impl, causal), timing in timings.items():
         count = attention_flops if variant == FORWARD else backward_flops

@@ -57,6 +57,13 @@ def interleaved(calls: dict[str, Callable[[], object]], *, rounds: int, min_time
                               budget=REMEASURE_SECONDS, probe=default_probe())
 
 
+def interval_timings(calls: dict[str, Callable[[], object]], config) -> dict[str, Timing]:
+    """:func:`interleaved` with enough rounds for the 95% interval a target is decided from
+    (``config.interval_rounds`` at least)."""
+    return interleaved(calls, rounds=max(config.rounds, config.interval_rounds),
+                       min_time=config.min_time)
+
+
 # --- inputs, calls and errors ----------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """``attnbench bench``'s variants section: score and mask functions against the plain call.
 
-Three groups, each timed in interleaved rounds (numba backend, float32, B=1, H=12, D=64):
+Four groups, each timed in interleaved rounds (numba backend, float32, B=1, H=12, D=64):
 
 - ``window``: ``mods.sliding_window(window_left)`` with ``causal=True`` against the same
   call without the window, at ``window_length``;
@@ -29,8 +29,9 @@ from functools import partial
 import numpy as np
 
 import kernels
+from attnbench.bench.backward import _dout, numba_backward_call
 from attnbench.bench.config import BenchConfig
-from attnbench.bench.sections import _inputs, _row, interleaved
+from attnbench.bench.sections import _inputs, _row, interval_timings
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.intervals import format_samples
 from kernels import mods
@@ -41,26 +42,27 @@ SOFTCAP = 30.0
 
 
 def _group(config: BenchConfig, group: str, L: int, threads: int, causal: bool,
-           calls: dict[str, dict]) -> list[dict]:
-    """Time the numba calls ``name -> keywords`` interleaved (same inputs); one row each.
+           calls: dict[str, tuple[Callable[[], object], int]]) -> list[dict]:
+    """Time ``calls`` (name -> (call, FLOPs)) interleaved; one row each."""
+    B, H, D = config.batch, config.heads, config.head_size
+    timings = interval_timings({name: call for name, (call, _) in calls.items()}, config)
+    return [_row("variants", "numba", variant=f"{group}: {name}", B=B, H=H, L=L, D=D,
+                 causal=causal, dtype=np.float32, threads=threads, **timing.ms_columns(),
+                 samples_ms=format_samples(timing.samples),
+                 gflops=gflops(calls[name][1], timing.median))
+            for name, timing in timings.items()]
 
-    GFLOP/s count each call's visible pairs (its ``mask_mod`` included).
-    """
+
+def _forward_group(config: BenchConfig, group: str, L: int, threads: int, causal: bool,
+                   variants: dict[str, dict]) -> list[dict]:
+    """The forward calls ``name -> keywords`` on the same inputs; GFLOP/s count each
+    call's visible pairs (its ``mask_mod`` included)."""
     B, H, D = config.batch, config.heads, config.head_size
     q, k, v = _inputs(B, H, L, D, np.float32)
-    timings = interleaved(
-        {name: partial(kernels.attention, q, k, v, backend="numba", causal=causal, **kwargs)
-         for name, kwargs in calls.items()},
-        rounds=max(config.rounds, config.interval_rounds), min_time=config.min_time)
-    rows = []
-    for name, timing in timings.items():
-        flops = attention_flops(B, H, L, L, D, causal=causal,
-                                mask_mod=calls[name].get("mask_mod"))
-        rows.append(_row("variants", "numba", variant=f"{group}: {name}", B=B, H=H, L=L, D=D,
-                         causal=causal, dtype=np.float32, threads=threads,
-                         **timing.ms_columns(), samples_ms=format_samples(timing.samples),
-                         gflops=gflops(flops, timing.median)))
-    return rows
+    return _group(config, group, L, threads, causal, {
+        name: (partial(kernels.attention, q, k, v, backend="numba", causal=causal, **kwargs),
+               attention_flops(B, H, L, L, D, causal=causal, mask_mod=kwargs.get("mask_mod")))
+        for name, kwargs in variants.items()})
 
 
 def _block_mask_row(config: BenchConfig, name: str, mask_mod, L: int, threads: int) -> dict:
@@ -79,21 +81,21 @@ def variants_section(config: BenchConfig, threads: int,
     L, left = config.window_length, config.window_left
     progress(f"variants window left={left} causal vs causal, L={L}")
     window = mods.sliding_window(left)
-    rows += _group(config, "window", L, threads, True, {
+    rows += _forward_group(config, "window", L, threads, True, {
         "causal": {}, f"causal + window left={left}": {"mask_mod": window}})
     rows.append(_block_mask_row(config, "window", window, L, threads))
 
     L, n = config.documents_length, config.n_documents
     progress(f"variants {n} documents vs plain, non-causal, L={L}")
     documents = mods.document((np.arange(L) * n // L)[None])  # n equal documents (to a token)
-    rows += _group(config, "documents", L, threads, False, {
+    rows += _forward_group(config, "documents", L, threads, False, {
         "plain": {}, f"{n} documents": {"mask_mod": documents}})
     rows.append(_block_mask_row(config, "documents", documents, L, threads))
 
     L = config.score_length
     progress(f"variants alibi and softcap vs plain, non-causal, L={L}")
     slopes = np.resize(ALIBI_SLOPES, config.heads)
-    rows += _group(config, "scores", L, threads, False, {
+    rows += _forward_group(config, "scores", L, threads, False, {
         "plain": {}, "alibi": {"score_mod": mods.alibi(slopes)},
         "softcap": {"score_mod": mods.softcap(SOFTCAP)}})
 
@@ -104,23 +106,13 @@ def variants_section(config: BenchConfig, threads: int,
 
 
 def _backward_group(config: BenchConfig, L: int, threads: int, window) -> list[dict]:
-    """The causal backward with and without ``window``, interleaved; ``out`` and ``lse``
-    come from each call's own (untimed) forward."""
+    """The causal backward with and without ``window``; ``out`` and ``lse`` come from each
+    call's own (untimed) forward."""
     B, H, D = config.batch, config.heads, config.head_size
     q, k, v = _inputs(B, H, L, D, np.float32)
-    dout = np.ascontiguousarray(v[..., ::-1])  # any fixed output gradient of v's shape
-    calls, flops = {}, {}
-    for name, kwargs in (("causal", {}), (f"causal + window left={config.window_left}",
-                                          {"mask_mod": window})):
-        out, lse = kernels.attention(q, k, v, backend="numba", causal=True, return_lse=True,
-                                     **kwargs)
-        calls[name] = partial(kernels.attention_backward, q, k, v, dout, out=out, lse=lse,
-                              backend="numba", causal=True, **kwargs)
-        flops[name] = backward_flops(B, H, L, L, D, causal=True, **kwargs)
-    timings = interleaved(calls, rounds=max(config.rounds, config.interval_rounds),
-                          min_time=config.min_time)
-    return [_row("variants", "numba", variant=f"window backward: {name}", B=B, H=H, L=L, D=D,
-                 causal=True, dtype=np.float32, threads=threads, **timing.ms_columns(),
-                 samples_ms=format_samples(timing.samples),
-                 gflops=gflops(flops[name], timing.median))
-            for name, timing in timings.items()]
+    dout = _dout(q)
+    return _group(config, "window backward", L, threads, True, {
+        name: (numba_backward_call(q, k, v, dout, True, **kwargs),
+               backward_flops(B, H, L, L, D, causal=True, **kwargs))
+        for name, kwargs in (("causal", {}), (f"causal + window left={config.window_left}",
+                                              {"mask_mod": window}))})
