@@ -192,6 +192,11 @@ def test_judge_c12(interval, flop_slope, verdict):
     assert checks_cost.judge_c12(interval, flop_slope)[0] == verdict
 
 
+def test_judge_c12_is_inconclusive_when_the_lower_order_terms_dominate():
+    assert checks_cost.judge_c12((1.95, 2.02), 2.0, leading_share=0.4)[0] == INCONCLUSIVE
+    assert checks_cost.judge_c12((1.95, 2.02), 2.0, leading_share=0.6)[0] == HOLDS
+
+
 @pytest.mark.parametrize("is_view, share, verdict", [
     (True, (0.4, 0.6), HOLDS), (False, (0.002, 0.004), CAVEAT), (False, (0.1, 0.3), FAILS),
     (False, (0.04, 0.06), INCONCLUSIVE)])

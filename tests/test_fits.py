@@ -134,3 +134,60 @@ def test_a_cost_that_falls_with_x_gets_the_smallest_exponent_without_warnings(re
     fit = fit_scaling(LENGTHS, samples)
     assert fit.slope < 0.1 and fit.ci_high < 0.2  # no growing cost fits: the grid's floor
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def causal_like(value, p):
+    """The work of a causal kernel walking 128-key tiles: L²/2 plus the diagonal tiles'
+    128·L/2 plus a per-row 64·L: quadratic with a linear part that weighs most at small L."""
+    return value**p / 2 + (64 + 64) * value
+
+
+def test_the_lower_order_term_recovers_the_leading_exponent_a_plain_fit_bends():
+    trials, covered, plain_covered = 40, 0, 0
+    for seed in range(trials):
+        rng = np.random.default_rng([seed, 7])
+        samples = synthetic_samples(rng, 2, 0.05, work=causal_like)
+        fit = fit_scaling(LENGTHS, samples, lower="x")
+        covered += fit.ci_low <= 2 <= fit.ci_high
+        plain_covered += (plain := fit_scaling(LENGTHS, samples)).ci_low <= 2 <= plain.ci_high
+        assert fit.lower_term == "x" and fit.lower > 0 and 0.5 < fit.leading_share < 1
+    assert covered >= coverage_floor(trials)
+    assert plain_covered < trials / 2  # c + a·L^p reads the linear part as a smaller p
+
+
+@pytest.mark.parametrize("work, exponent", [(lambda x, p: x, 1), (lambda x, p: x**p, 1.5)])
+def test_the_lower_order_term_never_confirms_a_cost_that_grows_slower(work, exponent):
+    from attnbench.studies.scaling import verdict
+
+    for seed in range(10):
+        rng = np.random.default_rng([seed, 8])
+        fit = fit_scaling(LENGTHS, synthetic_samples(rng, exponent, 0.1, work=work), lower="x")
+        outcome, text = verdict(fit, "time", "L", 2)
+        assert outcome != "confirmed", text
+
+
+def test_a_window_fit_with_its_term_in_L_finds_linear_growth_in_L_W():
+    L = np.array([1024, 1024, 2048, 2048, 4096, 4096], float)
+    W = np.array([64, 256, 64, 256, 64, 256], float)
+    rng = np.random.default_rng(9)
+    samples = [(2e-4 + 1e-9 * (n * w + 64 * n)) * (1 + rng.exponential(0.03, 12))
+               for n, w in zip(L, W, strict=True)]
+    fit = fit_scaling(L * W, samples, lower=L)
+    assert fit.ci_low <= 1 <= fit.ci_high and fit.ci95 < 0.1
+    assert fit.lower_term == "g" and fit.lower == pytest.approx(64e-9, rel=0.3)
+    plain = fit_scaling(L * W, samples)
+    assert plain.ci_high < 0.95  # the 64·L part bends a fit without it below 1
+
+
+def test_lower_order_term_arguments_are_checked_and_predicted():
+    rng = np.random.default_rng(10)
+    samples = synthetic_samples(rng, 2, 0.1, work=causal_like)
+    with pytest.raises(ValueError, match="overhead"):
+        fit_scaling(LENGTHS, samples, lower="x", overhead=False)
+    with pytest.raises(ValueError, match="one positive value per x"):
+        fit_scaling(LENGTHS, samples, lower=LENGTHS[:3])
+    fit = fit_scaling(LENGTHS, samples, lower="x")
+    medians = np.array([np.median(s) for s in samples])
+    assert np.allclose(fit.predict(LENGTHS), medians, rtol=0.1)
+    leading = np.exp(fit.intercept) * LENGTHS.max() ** fit.slope
+    assert fit.dominance() == pytest.approx(leading / fit.predict(LENGTHS.max()))

@@ -50,8 +50,9 @@ def test_the_window_fit_is_the_one_scaling_fit():
     table = window_table(0.9)
     x = (table["L"] * table["variant"].str.split("-").str[1].astype(int)).to_numpy(float)
     samples = [np.array(s.split(), float) for s in table["samples_ms"]]
-    expected = fit_scaling(x, samples)
+    expected = fit_scaling(x, samples, lower=table["L"].to_numpy(float))
     got = window_fits(table).iloc[0]
+    assert got["lower_term"] == "g" and "b·g" in got["method"]
     assert got["slope"] == pytest.approx(expected.slope)
     assert (got["ci_low"], got["ci_high"]) == pytest.approx((expected.ci_low, expected.ci_high))
 

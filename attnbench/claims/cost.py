@@ -40,7 +40,7 @@ from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import CLASS_NAMES, TOLERANCE
+from attnbench.studies.scaling import CLASS_NAMES, OVERHEAD_DOMINATES, TOLERANCE, lower_term
 from kernels import reference
 
 
@@ -118,14 +118,19 @@ def c11() -> Result:
 C12_LENGTHS = (128, 208, 320, 512, 800, 1280, 2048)
 
 
-def judge_c12(time_interval: tuple[float, float], flop_slope: float) -> tuple[str, str]:
+def judge_c12(time_interval: tuple[float, float], flop_slope: float,
+              leading_share: float = 1.0) -> tuple[str, str]:
     """Verdict on O(n²) from the measured exponents: does-not-hold if the FLOP count's slope
-    is not 2 (to 1e-6); holds if the whole 95% interval of the time's exponent lies within
-    2 ± TOLERANCE (:mod:`attnbench.studies.scaling`); holds-with-caveat (quadratic in
-    FLOPs only) if it lies wholly outside; inconclusive if it straddles.  Returns
-    (verdict, condition)."""
+    is not 2 (to 1e-6); inconclusive if the fit's leading term is less than half of the
+    largest point's time (``leading_share``: the overhead and the linear term dominate,
+    as :func:`attnbench.studies.scaling.verdict` rules); holds if the whole 95% interval
+    of the time's exponent lies within 2 ± TOLERANCE (:mod:`attnbench.studies.scaling`);
+    holds-with-caveat (quadratic in FLOPs only) if it lies wholly outside; inconclusive
+    if it straddles.  Returns (verdict, condition)."""
     if abs(flop_slope - 2) > 1e-6:
         return FAILS, ""
+    if not leading_share >= 1 - OVERHEAD_DOMINATES:
+        return INCONCLUSIVE, ""
     low, high = time_interval
     where = side(low, high, 2 - TOLERANCE, 2 + TOLERANCE)
     if where == "inside":
@@ -138,7 +143,8 @@ def judge_c12(time_interval: tuple[float, float], flop_slope: float) -> tuple[st
 
 def c12() -> Result:
     """Rule: :func:`judge_c12` on the exponent of the cost (kernels.attention, single-thread
-    CPU time, interleaved, fitted as c + a·L^p with a bootstrap interval over the samples,
+    CPU time, interleaved, fitted as c + b·L + a·L^p with a bootstrap interval over the
+    samples,
     :func:`attnbench.studies.fits.fit_scaling`) and of the exact FLOPs against L over
     :data:`C12_LENGTHS`.  Memory is measured alongside (tracemalloc peak; reference vs the
     fused kernel) and reported in the measured text."""
@@ -148,7 +154,8 @@ def c12() -> Result:
         {L: (lambda qkv=qkv: kernels.attention(*qkv)) for L, qkv in inputs.items()},
         rounds=3, max_time=0.03, cpu=True)
     medians = [times[L]["median"] for L in C12_LENGTHS]
-    fit = fit_scaling(C12_LENGTHS, [times[L]["timing"].samples for L in C12_LENGTHS])
+    fit = fit_scaling(C12_LENGTHS, [times[L]["timing"].samples for L in C12_LENGTHS],
+                      lower=lower_term("cpu", 2))
     flops = [attention_flops(1, 1, L, L, 64) for L in C12_LENGTHS]
     flop_slope, _ = loglog_slope(C12_LENGTHS, flops)
     memory = {}
@@ -160,16 +167,18 @@ def c12() -> Result:
             peaks.append(peak_extra_memory(lambda q=q, b=backend: kernels.attention(q, q, q,
                                                                                     backend=b)))
         memory[backend] = loglog_slope(sizes, peaks)[0]
-    verdict, condition = judge_c12((fit.ci_low, fit.ci_high), flop_slope)
+    verdict, condition = judge_c12((fit.ci_low, fit.ci_high), flop_slope, fit.dominance())
     values = {"lengths": list(C12_LENGTHS), "median_seconds": medians, "time_slope": fit.slope,
               "time_slope_low": fit.ci_low, "time_slope_high": fit.ci_high,
-              "time_overhead_seconds": fit.overhead, "best_class": fit.best_class,
+              "time_overhead_seconds": fit.overhead, "time_linear_seconds_per_L": fit.lower,
+              "time_leading_share": fit.dominance(), "best_class": fit.best_class,
               "class_share": fit.class_share, "flop_slope": flop_slope,
               "samples": [times[L]["samples"] for L in C12_LENGTHS],
               "memory_slope_reference": memory["reference"],
               "memory_slope_numba": memory["numba"], "load_average": load_average()}
     measured = (f"CPU time ∝ L^{fit.slope:.2f} [{fit.ci_low:.2f}, {fit.ci_high:.2f}] (95%, "
-                f"c + a·L^p, bootstrap over the samples; best class "
+                f"{fit.method.replace('x', 'L')}; the L^p term is "
+                f"{fit.dominance():.0%} of the largest L's time; best class "
                 f"{CLASS_NAMES[fit.best_class].format(v='L')} in "
                 f"{fit.class_share:.0%} of resamples; one thread; L = "
                 f"{', '.join(map(str, C12_LENGTHS))}, 1 head, d 64: "

@@ -2,8 +2,9 @@
 
 - :mod:`~attnbench.studies.scaling`: power-law fits (time, FLOPs, memory against L, d_k,
   heads, batch) with intervals and verdicts.
-- :mod:`~attnbench.studies.fits`: the one fit behind them: c + a·x^p with a bootstrap
-  interval over the samples, and the complexity class of least residual.
+- :mod:`~attnbench.studies.fits`: the one fit behind them: c + a·x^p (with a lower-order
+  term b·g where the claim needs one) with a bootstrap interval over the samples, and the
+  complexity class of least residual.
 - :mod:`~attnbench.studies.variants`: sliding windows' time against L·W, the speed-up of
   block skipping against the density of visible pairs.
 - :mod:`~attnbench.studies.stability`: softmax saturation with and without the 1/√d_k scale.

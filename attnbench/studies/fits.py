@@ -30,6 +30,10 @@ from scipy import stats
 
 __all__ = ["CLASSES", "PowerFit", "fit_power_law", "fit_scaling"]
 
+#: The model of a fit, by its lower-order term ("": none; "plain": no overhead either).
+_MODELS = {"": "c + a·x^p", "x": "c + b·x + a·x^p", "g": "c + b·g + a·x^p",
+           "plain": "a·x^p"}
+
 #: Coarse grid of exponents tried by :func:`fit_scaling` (a > 0, p > 0: a growing cost) ...
 P_GRID = np.arange(0.05, 4.5 + 1e-9, 0.05)
 #: ... then a fine grid of this step around the best coarse one, then a parabola.
@@ -63,10 +67,29 @@ class PowerFit:
     best_class: str = ""  # complexity class of least relative residual ("" if not selected)
     class_share: float = np.nan  # share of the bootstrap resamples that pick best_class
     method: str = "least squares, t interval"
+    lower: float = 0.0  # coefficient b of the lower-order term (0 without one)
+    lower_term: str = ""  # what the lower-order term is: "x" (linear in x), a name, or ""
+    leading_share: float = np.nan  # a·x^p over the fitted time at the largest x
 
-    def predict(self, x):
-        """``overhead + exp(intercept) · x^slope``."""
-        return self.overhead + np.exp(self.intercept) * np.asarray(x, dtype=float) ** self.slope
+    def predict(self, x, lower_values=None):
+        """``overhead + lower · g + exp(intercept) · x^slope``.
+
+        ``g`` is ``lower_values`` where given, else x itself for a linear term in x
+        (``lower_term == "x"``), else 0.
+        """
+        x = np.asarray(x, dtype=float)
+        if lower_values is None:
+            lower_values = x if self.lower_term == "x" else 0.0
+        return (self.overhead + self.lower * np.asarray(lower_values, dtype=float)
+                + np.exp(self.intercept) * x**self.slope)
+
+    def dominance(self) -> float:
+        """The leading term's share of the fitted value at the largest x (1: no overhead
+        and no lower-order term; from ``overhead`` where ``leading_share`` was not kept)."""
+        if np.isfinite(self.leading_share):
+            return float(self.leading_share)
+        total = self.predict(self.x_max)
+        return float(1 - self.overhead / total) if total > 0 else np.nan
 
 
 def fit_power_law(x, y) -> PowerFit:
@@ -109,8 +132,12 @@ def fit_power_law(x, y) -> PowerFit:
                     ci_low=slope - ci95, ci_high=slope + ci95)
 
 
-def _weighted_fits(basis: np.ndarray, medians: np.ndarray):
-    """Fit ``m ≈ c + a · basis`` minimising squared relative residuals, with c >= 0.
+def _weighted_fits(basis: np.ndarray, medians: np.ndarray, lower: np.ndarray | None = None):
+    """Fit ``m ≈ c + b · lower + a · basis`` minimising squared relative residuals.
+
+    Non-negative least squares over at most three columns, by enumerating the active
+    sets (c and b free or held at 0; a free), vectorised over the candidates and the
+    resamples; the fit of least residual among those with c ≥ 0, b ≥ 0 and a > 0 is kept.
 
     Parameters
     ----------
@@ -118,50 +145,73 @@ def _weighted_fits(basis: np.ndarray, medians: np.ndarray):
         One candidate f(x) per row (per resample).
     medians : ndarray, shape (B, n)
         One set of per-x medians per resample.
+    lower : ndarray, shape (n,), optional
+        A lower-order term g (scaled like ``basis``); None fits ``c + a · basis``.
 
     Returns
     -------
-    c, a, rss : ndarray, shape (B, P) each
-        ``rss`` is inf where the best fit has a <= 0 (a cost that does not grow).
+    c, b, a, rss : ndarray, shape (B, P) each
+        ``rss`` is inf where no admissible fit has a > 0 (a cost that does not grow).
     """
-    u = 1.0 / medians[:, None, :]  # (B, 1, n): the weight of c's column
-    v = (basis if basis.ndim == 3 else basis[None]) * u  # (B, P, n)
+    weight = 1.0 / medians[:, None, :]  # (B, 1, n): relative residuals
+    leading = (basis if basis.ndim == 3 else basis[None]) * weight  # (B, P, n)
+    shape = np.broadcast_shapes(leading.shape, weight.shape)[:-1]
+    columns = {"c": weight, "a": leading}
+    if lower is not None:
+        columns["b"] = weight * lower
+    # The normal equations' sums, once: every active set takes its entries from them.
+    sums = {name: np.broadcast_to(np.sum(col, -1), shape) for name, col in columns.items()}
+    products = {}
+    for i, first in enumerate(columns):
+        for second in list(columns)[i:]:
+            products[first, second] = products[second, first] = np.broadcast_to(
+                np.sum(columns[first] * columns[second], -1), shape)
+    active_sets = [("a",), ("c", "a")] + ([("b", "a"), ("c", "b", "a")] if lower is not None
+                                          else [])
     n = medians.shape[-1]
-    suu, suv, svv = np.sum(u * u, -1), np.sum(u * v, -1), np.sum(v * v, -1)
-    su, sv = np.sum(u, -1), np.sum(v, -1)
-    det = suu * svv - suv**2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = (svv * su - suv * sv) / det
-        a = (suu * sv - suv * su) / det
-        no_overhead = ~(c >= 0)  # also where det is 0
-        a = np.where(no_overhead, sv / svv, a)
-    c = np.where(no_overhead, 0.0, c)
-    with np.errstate(invalid="ignore", over="ignore"):
-        rss = n - 2 * c * su - 2 * a * sv + c * c * suu + 2 * c * a * suv + a * a * svv
-    rss = np.where(a > 0, np.maximum(rss, 0.0), np.inf)
-    return c, a, rss
+    best = {name: np.zeros(shape) for name in ("c", "b", "a")}
+    best_rss = np.full(shape, np.inf)
+    for names in active_sets:
+        gram = np.stack([np.stack([products[r, c] for c in names], -1) for r in names], -2)
+        rhs = np.stack([sums[name] for name in names], -1)  # the target is 1 at every point
+        scale = np.trace(gram, axis1=-2, axis2=-1)[..., None, None]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            coef = np.linalg.solve(gram + 1e-12 * scale * np.eye(len(names)), rhs[..., None])
+        coef = coef[..., 0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            rss = n - np.sum(coef * rhs, axis=-1)
+        admissible = np.all(coef[..., :-1] >= 0, axis=-1) & (coef[..., -1] > 0)
+        rss = np.where(admissible & np.isfinite(rss), np.maximum(rss, 0.0), np.inf)
+        better = rss < best_rss
+        best_rss = np.where(better, rss, best_rss)
+        for i, name in enumerate(names):
+            best[name] = np.where(better, coef[..., i], best[name])
+        for name in {"c", "b"} - set(names):
+            best[name] = np.where(better, 0.0, best[name])
+    return best["c"], best["b"], best["a"], best_rss
 
 
-def _exponent(scaled_x: np.ndarray, medians: np.ndarray, overhead: bool) -> np.ndarray:
+def _exponent(scaled_x: np.ndarray, medians: np.ndarray, overhead: bool,
+              lower: np.ndarray | None = None) -> np.ndarray:
     """The best p for each row of ``medians`` (B, n): grid search, parabolic refinement.
 
     A row whose best fit nowhere has a > 0 (a cost that falls with x) gets the grid's
     smallest p; inf residuals of such fits are expected, hence the silenced warnings.
     """
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        return _exponent_unchecked(scaled_x, medians, overhead)
+        return _exponent_unchecked(scaled_x, medians, overhead, lower)
 
 
 def _exponent_unchecked(scaled_x: np.ndarray, medians: np.ndarray,
-                        overhead: bool) -> np.ndarray:
+                        overhead: bool, lower: np.ndarray | None) -> np.ndarray:
     if not overhead:  # plain log-log least squares, vectorised over the rows
         lx = np.log(scaled_x) - np.log(scaled_x).mean()
         ly = np.log(medians)
         return (ly - ly.mean(-1, keepdims=True)) @ lx / (lx @ lx)
-    coarse = _weighted_fits(scaled_x[None, :] ** P_GRID[:, None], medians)[2]  # (B, P)
+    coarse = _weighted_fits(scaled_x[None, :] ** P_GRID[:, None], medians, lower)[3]
     offsets = np.arange(-10, 11) * P_STEP  # +- one coarse step
     fine_p = np.maximum(P_GRID[np.argmin(coarse, axis=-1)][:, None] + offsets, P_GRID[0])
-    rss = _weighted_fits(scaled_x[None, None, :] ** fine_p[:, :, None], medians)[2]
+    rss = _weighted_fits(scaled_x[None, None, :] ** fine_p[:, :, None], medians, lower)[3]
     best = np.clip(np.argmin(rss, axis=-1), 1, len(offsets) - 2)
     rows = np.arange(len(best))
     left, mid, right = rss[rows, best - 1], rss[rows, best], rss[rows, best + 1]
@@ -173,11 +223,21 @@ def _exponent_unchecked(scaled_x: np.ndarray, medians: np.ndarray,
 def _best_class(scaled_x: np.ndarray, medians: np.ndarray) -> np.ndarray:
     """Index into :data:`CLASSES` of least relative residual, per row of ``medians``."""
     basis = np.stack([f(scaled_x) for f in CLASSES.values()])
-    return np.argmin(_weighted_fits(basis, medians)[2], axis=-1)
+    return np.argmin(_weighted_fits(basis, medians)[3], axis=-1)
 
 
-def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES) -> PowerFit:
+def fit_scaling(x, samples, *, overhead: bool = True, lower=None,
+                resamples: int = RESAMPLES) -> PowerFit:
     """Fit ``t = c + a · x^p`` to repeated samples; bootstrap interval and class selection.
+
+    With ``lower`` the model has a lower-order term too: ``t = c + b · g + a · x^p``
+    (c, b ≥ 0).  Attention's time is ``a·L²·D`` (the score and value products) plus
+    ``b·L·D`` (per-row work: the softmax's bookkeeping, the causal diagonal tiles, the
+    output) plus c; a fit of ``c + a·L^p`` alone reads that linear part as curvature and
+    bends p (down for a causal kernel whose diagonal tiles weigh most at small L, up where
+    the linear part rises into the range).  p is then the exponent of the *leading* term,
+    the one the asymptotic claim is about; :attr:`PowerFit.leading_share` says how much of
+    the largest point's time that term is.
 
     Parameters
     ----------
@@ -187,6 +247,9 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
         ``samples[i]``: the repeated measurements at ``x[i]`` (at least 2 each).
     overhead : bool, default True
         Fit the fixed overhead c; False fits ``a · x^p`` (log-log least squares).
+    lower : {None, "x"} or array_like, optional
+        The lower-order term g: ``"x"`` for a term linear in x, or its value at each point
+        (e.g. L for a fit against L·W).  Needs ``overhead=True``.
     resamples : int, default RESAMPLES
 
     Returns
@@ -195,7 +258,9 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
         ``slope`` from the medians, ``ci_low``/``ci_high`` the 95% percentile-bootstrap
         interval (``ci95`` its half-width), ``overhead`` c and ``intercept`` log a in the
         samples' units, ``best_class`` and ``class_share``; ``r2`` of the fit of the
-        medians on the log scale.
+        medians on the log scale; ``lower`` b (per unit of g), ``lower_term`` and
+        ``leading_share``.  The complexity classes are fitted as ``c + a · f(x)``
+        whatever ``lower`` is (a class plus a free linear term would always beat O(x)).
     """
     x = np.asarray(x, dtype=float)
     samples = [np.asarray(s, dtype=float) for s in samples]
@@ -204,15 +269,25 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
                          f"{x.size} x and {len(samples)} sample sets")
     if any(s.size < 2 or (s <= 0).any() for s in samples) or (x <= 0).any():
         raise ValueError("every x needs at least 2 positive samples; x must be positive")
+    if lower is not None and not overhead:
+        raise ValueError("a lower-order term needs the overhead model (overhead=True)")
+    lower_term = "" if lower is None else "x" if isinstance(lower, str) and lower == "x" \
+        else "g"
+    g = None if lower is None else x if lower_term == "x" else np.asarray(lower, dtype=float)
+    if g is not None and (g.shape != x.shape or (g <= 0).any()):
+        raise ValueError(f"lower must be 'x' or one positive value per x; got {lower!r}")
     scale = x.max()
     scaled = x / scale
+    g_scale = 1.0 if g is None else g.max()
+    scaled_g = None if g is None else g / g_scale
     medians = np.array([[np.median(s) for s in samples]])
 
     def statistic(*resampled, axis=-1):
         rows = np.stack([np.median(s, axis=axis) for s in resampled], axis=-1)
-        return _exponent(scaled, rows.reshape(-1, x.size), overhead).reshape(rows.shape[:-1])
+        return _exponent(scaled, rows.reshape(-1, x.size), overhead,
+                         scaled_g).reshape(rows.shape[:-1])
 
-    slope = float(_exponent(scaled, medians, overhead)[0])
+    slope = float(_exponent(scaled, medians, overhead, scaled_g)[0])
     with warnings.catch_warnings():  # identical resampled exponents: a zero-width interval
         warnings.simplefilter("ignore", RuntimeWarning)
         boot = stats.bootstrap(samples, statistic, n_resamples=resamples, method="percentile",
@@ -222,12 +297,16 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
     if not np.isfinite(low):  # every resample gave the same exponent
         low = high = slope
     basis = (scaled ** slope)[None, :]
+    b = 0.0
     if overhead:
-        c, a, _ = _weighted_fits(basis, medians)
-        c, a = float(c[0, 0]), float(a[0, 0])
+        c, b, a, _ = _weighted_fits(basis, medians, scaled_g)
+        c, b, a = float(c[0, 0]), float(b[0, 0]), float(a[0, 0])
     else:
         c, a = 0.0, float(np.exp(np.mean(np.log(medians[0]) - slope * np.log(scaled))))
-    fitted = c + a * scaled**slope
+    lower_part = 0.0 if g is None else b * scaled_g
+    fitted = c + lower_part + a * scaled**slope
+    top = int(np.argmax(x))
+    leading_share = float(a * scaled[top] ** slope / fitted[top]) if fitted[top] > 0 else np.nan
     log_m = np.log(medians[0])
     sst = float(np.sum((log_m - log_m.mean()) ** 2))
     with np.errstate(invalid="ignore", divide="ignore"):  # a fit that is 0 somewhere: nan
@@ -240,7 +319,9 @@ def fit_scaling(x, samples, *, overhead: bool = True, resamples: int = RESAMPLES
                     x_min=float(x.min()), x_max=float(x.max()), overhead=c,
                     ci_low=low, ci_high=high, best_class=list(CLASSES)[best],
                     class_share=float(np.mean(picks == best)),
-                    method=("c + a·x^p" if overhead else "a·x^p") + ", bootstrap over samples")
+                    method=_MODELS[lower_term if overhead else "plain"]
+                    + ", bootstrap over samples",
+                    lower=b / g_scale, lower_term=lower_term, leading_share=leading_share)
 
 
 def _resampled_medians(samples, resamples: int) -> np.ndarray:

@@ -4,7 +4,12 @@ Fits (:mod:`attnbench.studies.fits`).  A timing row of a sweep keeps its repeate
 (``samples_ms``, and ``cpu_samples_ms`` for the process CPU time).  Where they exist, time
 is fitted as ``t = c + a·x^p`` (c ≥ 0, the fixed overhead of a call: argument checks,
 allocation, thread launch), every point used, and the 95% interval on p comes from a
-bootstrap over the samples (:func:`attnbench.studies.fits.fit_scaling`); the complexity
+bootstrap over the samples (:func:`attnbench.studies.fits.fit_scaling`).  Where the
+claimed exponent is above 1 (time against L) the model also has a linear term,
+``t = c + b·x + a·x^p`` (:func:`lower_term`): attention's per-row work and a causal
+kernel's diagonal tiles are O(L), and a fit without that term reads them as a smaller
+(or, where they rise into the range, larger) p.  p is then the leading term's exponent,
+the one an O(L²) claim is about.  The complexity
 class of least residual among O(x), O(x log x), O(x²), O(x³) is reported beside p, with
 the share of resamples that pick it.  Two clocks, two questions: the **wall-clock time**
 (quantity ``time``) is the speed a user sees; the **CPU time** (quantity ``cpu``, all the
@@ -29,8 +34,9 @@ time against L is expected linear (the fit against L·W over several W is
 :func:`attnbench.studies.variants.window_fits`).  *Confirmed*: the whole interval lies within
 ``expected ± TOLERANCE`` (for an upper bound: below ``expected + TOLERANCE``); *not
 confirmed*: the whole interval lies outside; *inconclusive*: the interval straddles a
-boundary (the text says which), or the fitted overhead c is more than
-``OVERHEAD_DOMINATES`` of the largest point's time (the range says little about growth).
+boundary (the text says which), or the fitted overhead c (and the lower-order term) is
+more than ``OVERHEAD_DOMINATES`` of the largest point's time (the range says little about
+the leading term's growth).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ TOLERANCE = 0.25
 #: A fit whose fixed overhead is more than this share of its largest point's time says
 #: little about the growth: inconclusive, whatever the interval.
 OVERHEAD_DOMINATES = 0.5
+#: A claimed exponent above this gets a linear lower-order term in its time fits.
+LINEAR = 1
 #: Fewest distinct x values a fit needs.
 MIN_POINTS = 3
 #: The quantities fitted, what each measures and the column of its samples.
@@ -120,10 +128,13 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
     lower, upper = expected - TOLERANCE, expected + TOLERANCE
     if not (np.isfinite(low) and np.isfinite(high)):
         return "inconclusive", f"{head} → {claim} inconclusive: no interval{tail}"
-    if fit.overhead > OVERHEAD_DOMINATES * fit.predict(fit.x_max):
-        return "inconclusive", (f"{head} → {claim} inconclusive: the fixed overhead is "
-                                f"{fit.overhead / fit.predict(fit.x_max):.0%} of the largest "
-                                f"point's time; larger {variable} are needed{tail}")
+    share = fit.dominance()
+    if not share >= 1 - OVERHEAD_DOMINATES:
+        rest = "the fixed overhead is" if not fit.lower_term else \
+            "the overhead and lower-order term are"
+        return "inconclusive", (f"{head} → {claim} inconclusive: {rest} "
+                                f"{1 - share:.0%} of the largest point's time; larger "
+                                f"{variable} are needed{tail}")
     if at_most:
         if high <= upper:
             return "confirmed", f"{head} → at most {claim} confirmed{tail}"
@@ -194,13 +205,15 @@ def memory_growth(table: pd.DataFrame) -> pd.Series:
     return table["peak_mem_bytes"] - base
 
 
-def fit_series(used: pd.DataFrame, x: pd.Series, quantity: str, data: pd.DataFrame):
+def fit_series(used: pd.DataFrame, x: pd.Series, quantity: str, data: pd.DataFrame,
+               lower=None):
     """The fit of one series' usable rows against ``x`` (None with too few distinct x).
 
     Time and CPU time with samples: :func:`~attnbench.studies.fits.fit_scaling` (at least
-    :data:`MIN_POINTS` distinct x); without: a log-log line.  Memory: the growth
-    (:func:`memory_growth`) on a log-log line.  ``data`` is the whole table (whether it
-    keeps samples decides the method, the same for every series).
+    :data:`MIN_POINTS` distinct x), with the lower-order term ``lower`` (``"x"``, a
+    Series aligned with ``x``, or None); without samples: a log-log line.  Memory: the
+    growth (:func:`memory_growth`) on a log-log line.  ``data`` is the whole table
+    (whether it keeps samples decides the method, the same for every series).
     """
     if x.nunique() < 2:
         return None
@@ -208,7 +221,9 @@ def fit_series(used: pd.DataFrame, x: pd.Series, quantity: str, data: pd.DataFra
         if x.nunique() < MIN_POINTS:
             return None
         samples = [parse_samples(text) for text in used[CLOCKS[quantity][1]]]
-        return fit_scaling(x.to_numpy(float), [s * 1e3 for s in samples])
+        if lower is not None and not isinstance(lower, str):
+            lower = pd.Series(lower).to_numpy(float)
+        return fit_scaling(x.to_numpy(float), [s * 1e3 for s in samples], lower=lower)
     if quantity == "memory":
         return fit_power_law(x, memory_growth(used))
     return fit_power_law(x, used["median_ms" if quantity == "time" else "flops"])
@@ -229,6 +244,15 @@ def _expected(quantity: str, variable: str, backend: str,
     if variable == "L" and str(variant).startswith("window-") and backend in SKIPPING_BACKENDS:
         return 1, False  # a fixed window skipped tile by tile: O(L·W) work, linear in L
     return TIME_EXPONENTS[variable], False
+
+
+def lower_term(quantity: str, expected: float | None):
+    """The lower-order term of a time fit: ``"x"`` (linear) where the claimed exponent is
+    above 1 (an O(L²) cost has O(L) parts: per-row work, the causal diagonal tiles), None
+    elsewhere (a linear claim has only the fixed overhead below it)."""
+    if quantity in CLOCKS and expected is not None and expected > LINEAR:
+        return "x"
+    return None
 
 
 def with_parameters(table: pd.DataFrame) -> pd.DataFrame:
@@ -271,10 +295,11 @@ def scaling_table(table: pd.DataFrame,
                 if series[variable].nunique() < MIN_POINTS:
                     continue
                 used = series[usable.loc[series.index]]
-                fit = fit_series(used, used[variable], quantity, data)
                 fixed = dict(zip(keys, key, strict=True))
                 expected, at_most = _expected(quantity, variable, fixed["backend"],
                                               fixed.get("variant", "none"))
+                fit = fit_series(used, used[variable], quantity, data,
+                                 lower=lower_term(quantity, expected))
                 rows.append(fit_row(quantity, variable, fixed, fit, used, len(series),
                                     expected, at_most=at_most))
     from attnbench.studies.variants import window_fits  # it builds on this module
@@ -318,6 +343,8 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
         "variable": variable, **{p: fixed.get(p, "") for p in PARAMETERS},
         "slope": value("slope"), "ci_low": low, "ci_high": high, "ci95": value("ci95"),
         "stderr": value("stderr"), "overhead": value("overhead"),
+        "lower": value("lower"), "lower_term": "" if fit is None else fit.lower_term,
+        "leading_share": np.nan if fit is None else fit.dominance(),
         "best_class": "" if fit is None else fit.best_class,
         "class_share": value("class_share"),
         "method": "" if fit is None else fit.method,
@@ -333,8 +360,11 @@ def fit_from_row(row) -> PowerFit | None:
     """The :class:`PowerFit` of a row of :func:`scaling_table` (None if it has no fit)."""
     if not np.isfinite(row["slope"]):
         return None
-    extra = {name: row[name] for name in ("overhead", "ci_low", "ci_high") if name in row
+    extra = {name: row[name] for name in ("overhead", "ci_low", "ci_high", "lower",
+                                          "leading_share") if name in row
              and np.isfinite(row[name])}
+    if isinstance(row.get("lower_term"), str):
+        extra["lower_term"] = row["lower_term"]
     return PowerFit(slope=row["slope"], intercept=row["intercept"], stderr=row["stderr"],
                     ci95=row["ci95"], n=int(row["n_used"]), r2=row["r2"],
                     x_min=row["x_min"], x_max=row["x_max"], **extra)

@@ -9,7 +9,8 @@ Two questions about the ``variant`` axis of a sweep (:mod:`attnbench.sweep.varia
   interval over the samples; expected p = 1, confirmed when the whole interval lies
   within 1 ± :data:`attnbench.studies.scaling.TOLERANCE`).  The kernels walk keys in
   cells of 64, so a block of queries also reads up to 64 keys past its window: the work
-  is ∝ L·(W + 64), and small W bend the exponent below 1.
+  is ∝ L·(W + 64) = L·W + 64·L.  The fit therefore has a lower-order term in L,
+  ``t = c + b·L + a·(L·W)^p`` (without it, small W bend p below 1).
 - **What does skipping empty tiles buy?**  :func:`skipping_table` pairs each variant
   point with the plain point of the same problem (``variant="none"``, same backend,
   direction, mask, sizes) and gives the *density* (the fraction of the L² pairs the
@@ -78,7 +79,7 @@ def window_fits(table: pd.DataFrame, quantities=("time", "cpu")) -> pd.DataFrame
             if x_all.nunique() < MIN_POINTS:
                 continue
             used = series[usable.loc[series.index]]
-            fit = fit_series(used, used["L"] * used["W"], quantity, windows)
+            fit = fit_series(used, used["L"] * used["W"], quantity, windows, lower=used["L"])
             fixed = {**dict(zip(keys, key, strict=True)), "variant": "window"}
             rows.append(fit_row(quantity, WINDOW_VARIABLE, fixed, fit, used, len(series), 1))
     return pd.DataFrame(rows)
