@@ -39,7 +39,7 @@ def test_sweep_figures_draw_every_series_and_the_fits():
     for backend in ("numba", "reference"):
         row = fits[(fits["quantity"] == "time") & (fits["backend"] == backend)
                    & (fits["variable"] == "L")].iloc[0]
-        law = f"{backend}: L^{row.slope:.2f} ± {row.ci95:.2f}"
+        law = f"{backend}: L^{row.slope:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
         assert any(label.startswith(law) for label in labels), labels
     assert {"guide ∝ L¹", "guide ∝ L²"} <= set(labels)  # the guide slopes
     assert ax.collections  # the 95% bands

@@ -39,8 +39,8 @@ def test_time_cards_follow_the_fits_outcomes():
                for card in time_cards.values())
     row = fits[(fits["quantity"] == "time") & (fits["variable"] == "L")
                & (fits["backend"] == "numba")].iloc[0]
-    assert time_cards["O(L²) time: numba"].number == (f"time ∝ L^{row.slope:.2f} ± "
-                                                      f"{row.ci95:.2f}")
+    assert time_cards["O(L²) time: numba"].number == (f"time ∝ L^{row.slope:.2f} "
+                                                      f"[{row.ci_low:.2f}, {row.ci_high:.2f}]")
     # a slope of 1.5 is not quadratic: the card must say so, in red
     slow = fits.copy()
     rows = (slow["quantity"] == "time") & (slow["variable"] == "L") & (slow["backend"] == "numba")

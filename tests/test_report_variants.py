@@ -89,3 +89,22 @@ def test_the_report_has_a_variants_section_with_its_tables_and_plots(tmp_path):
 def test_no_variants_no_section():
     table = sweep()
     assert variants_section(table[table["variant"] == "none"], None) is None
+
+
+def test_the_window_plot_draws_the_fit_with_its_term_in_l():
+    from attnbench.report import plots
+
+    # the kernel's real work: L·W plus one 64-key cell per query, i.e. a term in L
+    table = pd.DataFrame([row("numba", L, f"window-{W}", 2e-4 + 1e-9 * L * (W + 64), noise=0.005)
+                          for L in LENGTHS for W in (64, 256)])
+    fits = scaling_table(table)
+    window = fits[(fits["variable"] == "L·W") & (fits["quantity"] == "time")]
+    assert window.iloc[0]["lower_term"] == "g" and window.iloc[0]["outcome"] == "confirmed"
+    windows = table.assign(**{"L·W": table["L"] * table["variant"].str.split("-").str[1]
+                              .astype(int)})
+    figure = plots.scaling_figure(windows, window, quantity="time", variable="L·W",
+                                  column="median_ms", ylabel="ms", title="windows",
+                                  panel_by=None, keys=["backend", "mask", "dtype"])
+    residuals = figure.axes[1]
+    ratios = np.concatenate([line.get_ydata() for line in residuals.get_lines()])
+    assert np.allclose(ratios, 1, rtol=0.03)  # the b·L part is in the fitted values

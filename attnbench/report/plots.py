@@ -29,7 +29,7 @@ from attnbench.report.heatmaps import (  # noqa: F401  (re-exported)
     heatmap_section,
     heatmap_weights,
 )
-from attnbench.studies.scaling import fit_from_row, fit_mask, memory_growth
+from attnbench.studies.scaling import fit_from_row, fit_mask, interval, memory_growth
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]
@@ -108,18 +108,34 @@ def _fit_row(fits: pd.DataFrame | None, quantity: str, fixed: dict, variable: st
     return None if rows.empty else rows.iloc[0]
 
 
-def _band(ax, fit, color, scale: float = 1.0) -> None:
-    """The fitted law and its 95% band: slopes slope ± ci95 pivoting on the fit's centre.
+def _lower_values(fit, rows: pd.DataFrame):
+    """The values of a fit's lower-order term at ``rows``: L for a window fit against L·W
+    (``lower_term == "g"``, :func:`attnbench.studies.variants.window_fits`); None where the
+    term is a function of x (or absent) and :meth:`PowerFit.predict` knows it."""
+    return rows["L"].to_numpy(float) if fit.lower_term == "g" else None
 
-    ``scale`` divides the fit's values (e.g. 2**20 for a fit in bytes drawn in MiB).
+
+def _band(ax, fit, color, scale: float = 1.0, points: pd.DataFrame | None = None,
+          variable: str = "") -> None:
+    """The fitted law and its 95% band: slopes from the interval's ends pivoting on the
+    fit's centre.
+
+    ``scale`` divides the fit's values (e.g. 2**20 for a fit in bytes drawn in MiB).  A fit
+    whose lower-order term is not a function of x (a window fit's b·L against L·W) is drawn
+    through its fitted values at ``points`` (column ``variable``), without a band.
     """
+    if fit.lower_term == "g" and points is not None:
+        rows = points.sort_values(variable)
+        xs = rows[variable].to_numpy(float)
+        ax.plot(xs, fit.predict(xs, _lower_values(fit, rows)) / scale, "-", color=color, lw=1.5)
+        return
     xs = np.geomspace(fit.x_min, fit.x_max, 40)
     x0 = float(np.sqrt(fit.x_min * fit.x_max))
     y0 = float(fit.predict(x0)) / scale
     ax.plot(xs, fit.predict(xs) / scale, "-", color=color, lw=1.5)
-    if np.isfinite(fit.ci95) and fit.ci95 > 0:
-        low, high = y0 * (xs / x0) ** (fit.slope - fit.ci95), y0 * (xs / x0) ** (fit.slope +
-                                                                                 fit.ci95)
+    low_slope, high_slope = interval(fit)
+    if np.isfinite(low_slope) and np.isfinite(high_slope) and high_slope > low_slope:
+        low, high = y0 * (xs / x0) ** low_slope, y0 * (xs / x0) ** high_slope
         ax.fill_between(xs, np.minimum(low, high), np.maximum(low, high), color=color,
                         alpha=0.15, lw=0)
 
@@ -162,7 +178,8 @@ def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: 
     One column of panels per value of ``panel_by``: on top ``column`` against ``variable``
     log-log per series (filled: points the fit used, hollow: left out; values divided by
     ``scale``, the unit of the fits over that of the axis), each fitted law as
-    a line with its band (the slopes slope ± ci95) and guide lines of slope 1 and 2; below,
+    a line with its band (the slopes at the ends of the 95% interval) and guide lines of
+    slope 1 and 2; below,
     each used point over its fitted value (1 = on the law).  The legend sits under the
     panels, off the data; a series that ends early says why.
     """
@@ -199,11 +216,12 @@ def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: 
                            variable)
             fit = None if row is None else fit_from_row(row)
             if fit is not None:
-                _band(ax, fit, color, scale)
+                _band(ax, fit, color, scale, series[series["_used"]], variable)
                 base = f"({variable})" if "·" in variable else variable  # (L·W)^0.95
-                label += f": {base}^{fit.slope:.2f} ± {fit.ci95:.2f}"
-                res.plot(x[used], y[used] * scale / fit.predict(x[used]), "o-", color=color,
-                         ms=4)
+                low, high = interval(fit)
+                label += f": {base}^{fit.slope:.2f} [{low:.2f}, {high:.2f}]"
+                fitted = fit.predict(x[used], _lower_values(fit, series[used]))
+                res.plot(x[used], y[used] * scale / fitted, "o-", color=color, ms=4)
             else:
                 label += " (no fit: too few usable points)"
             label += _stops(table, {**fixed, **({panel_by: panel} if panel_by else {})},

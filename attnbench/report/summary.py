@@ -36,7 +36,7 @@ class Card:
     question: str  # e.g. "O(L²) time: numba"
     verdict: str  # the answer in words, e.g. "confirmed"
     tone: str  # "ok", "warn", "bad" or "none" (nothing measured): the card's colour
-    number: str  # the number behind the verdict, e.g. "time ∝ L^1.98 ± 0.03"
+    number: str  # the number behind the verdict, e.g. "time ∝ L^1.98 [1.95, 2.01]"
     link: str  # anchor of the section with the evidence
     lines: list[str] = field(default_factory=list)  # further short facts
 
@@ -50,9 +50,13 @@ def _worst(tones) -> str:
 
 
 def _pm(row) -> str:
-    ci = row.get("ci95")
+    """``^1.98 [1.95, 2.01]``: the slope and its 95% interval (a bootstrap interval is not
+    symmetric; ``± ci95`` for a row without its ends)."""
+    ci, low, high = row.get("ci95"), row.get("ci_low"), row.get("ci_high")
     if pd.isna(row.get("slope")):
         return "no fit"
+    if not (pd.isna(low) or pd.isna(high)):
+        return f"^{row['slope']:.2f} [{low:.2f}, {high:.2f}]"
     return f"^{row['slope']:.2f}" + ("" if pd.isna(ci) else f" ± {ci:.2f}")
 
 
