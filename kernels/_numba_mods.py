@@ -29,9 +29,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _mods_cache
+from . import _mods_cache, numba_cpu
 from . import _mods_compile as mc
-from . import numba_cpu
 from ._dropout import dropout_threshold
 from ._mods_compile import user_names
 from ._validate import AttentionProblem
