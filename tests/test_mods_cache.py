@@ -1,4 +1,5 @@
-"""The built-in mod functions' CPU kernels are cached on disk (``kernels._mods_cache``).
+"""The built-in mod functions' CPU kernels (and the loops that evaluate them for the
+reference and ``block_mask``) are cached on disk (``kernels._mods_cache``).
 
 - structure keys: equal for the same code whatever the bound values, different for other
   code, None (no disk cache) as soon as a user function is inside;
@@ -102,7 +103,7 @@ _SECOND_PROCESS = """
 import json
 import numpy as np
 import kernels
-from kernels import _numba_mods, mods, numba_cpu
+from kernels import _mods_dense, _numba_mods, mods, numba_cpu
 numba_cpu.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))
@@ -110,9 +111,15 @@ docs = np.repeat(np.arange(5), 14)
 kernels.attention(q, k, v, causal=True, mask_mod=mods.sliding_window(9), backend="numba")
 kernels.attention(q, k, v, mask_mod=mods.document(docs), backend="numba",
                   score_mod=mods.chain(mods.alibi([0.5, 0.25]), mods.softcap(30.0)))
+mods.block_mask(mods.document(docs), 1, 2, 70, 70)  # the tile loop
+kernels.attention(q, k, v, mask_mod=mods.sliding_window(9), score_mod=mods.alibi([1.0, 2.0]),
+                  backend="reference")  # the dense loops
 stats = {}
-for name in ("_attention_mods_serial_cached", "_visible_work_cached"):
-    s = getattr(_numba_mods, name).stats
+for module, name in [(_numba_mods, "_attention_mods_serial_cached"),
+                     (_numba_mods, "_visible_work_cached"),
+                     (_mods_dense, "_classify_cells_cached"),
+                     (_mods_dense, "_dense_visible_cached"), (_mods_dense, "_dense_apply_cached")]:
+    s = getattr(module, name).stats
     stats[name] = [sum(s.cache_hits.values()), sum(s.cache_misses.values())]
 print(json.dumps(stats))
 """
@@ -129,7 +136,8 @@ def _run_process() -> dict:
 
 def test_a_second_process_compiles_no_builtin_kernel():
     """The first process compiles (or finds) the kernels of a window and of documents with
-    chained scores; the second finds every one of them in Numba's cache."""
+    chained scores, a block mask's tile loop and the reference's dense loops; the second
+    finds every one of them in Numba's cache."""
     _run_process()
     hits_and_misses = _run_process()
     for name, (hits, misses) in hits_and_misses.items():
