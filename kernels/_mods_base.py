@@ -19,6 +19,10 @@ def _compile():
     return _mods_compile
 
 
+def source_name(fn) -> str:
+    """``module.qualname`` of a built-in's source function (part of a cache key)."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
 
 # --- the two kinds ------------------------------------------------------------------------------
 
@@ -42,6 +46,13 @@ class _Mod:
 
     def check(self, B: int, H: int, Lq: int, Lk: int) -> None:
         """Raise ValueError if the bound data does not fit a (B, H, Lq, Lk) problem."""
+
+    def cache_key(self, part: str, dtype=np.float64) -> str | None:
+        """A name of the compiled ``part`` ("element", "tile" or "grad") for the CPU, the
+        same in every process for the same code and whatever the bound values; None for
+        a user function.  The CPU kernels are cached on disk for keyed functions
+        (:mod:`kernels._mods_cache`)."""
+        return None
 
 
 class MaskMod(_Mod):

@@ -72,6 +72,12 @@ class BlockMask(MaskMod):
         mc = _compile()
         return mc.memo(("builtin", target, _table_tile), lambda: mc.jit_for(target)(_table_tile))
 
+    def cache_key(self, part, dtype=np.float64):
+        if part == "tile":
+            return f"{__name__}._table_tile"
+        inner = self.mask_mod.cache_key(part, dtype)
+        return None if inner is None else f"block_mask({inner})"
+
     def density(self) -> float:
         """The fraction of cells that are not empty."""
         return float((self.table != EMPTY).mean()) if self.table.size else 0.0

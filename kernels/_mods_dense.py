@@ -1,12 +1,17 @@
 """Evaluating :mod:`kernels.mods` functions outside the kernels: densely on every pair (the
 reference backend and the tests), per tile (:func:`kernels.mods.block_mask`), and the
 wrapper that turns an exception raised inside a user function into a ValueError naming it.
+
+As the attention kernels, each loop has a twin cached on disk that built-ins run
+(:mod:`kernels._mods_cache`); user functions run the per-process one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from ._mods_cache import CachedFn
 
 # --- dense evaluation (the reference) and block classification --------------------------------
 
@@ -47,6 +52,18 @@ def _classify_cells(tile, args, table, Lq, Lk, cell_q, cell_k):
             table[b, h, ci, cj] = tile(b, h, i0, i1, j0, min(j0 + cell_k, Lk), args)
 
 
+_dense_visible_cached = njit(parallel=True, cache=True)(_dense_visible.py_func)
+_dense_apply_cached = njit(cache=True)(_dense_apply.py_func)
+_classify_cells_cached = njit(parallel=True, cache=True)(_classify_cells.py_func)
+
+
+def _loop(plain, cached, mod, part: str, dtype, function):
+    """``(loop, function)``: ``cached`` and ``function`` as a :class:`CachedFn` where ``mod``
+    has a structure key for ``part``, else ``plain`` and the dispatcher itself."""
+    key = mod.cache_key(part, dtype)
+    return (plain, function) if key is None else (cached, CachedFn(key, function))
+
+
 def reraise_from_user(user_names: tuple, exc: BaseException):
     """ValueError naming the user functions, chained from what one of them raised.
 
@@ -74,8 +91,9 @@ def dense_visible(mod, B: int, H: int, Lq: int, Lk: int) -> np.ndarray:
     """The mask ``mod`` evaluated on every pair: bool (B, H, Lq, Lk)."""
     out = np.empty((B, H, Lq, Lk), dtype=np.bool_)
     if out.size:
-        run_user_code(mod.user_names, _dense_visible, mod.element("cpu", np.float64),
-                      mod.args(np.float64), out)
+        loop, element = _loop(_dense_visible, _dense_visible_cached, mod, "element",
+                              np.float64, mod.element("cpu", np.float64))
+        run_user_code(mod.user_names, loop, element, mod.args(np.float64), out)
     return out
 
 
@@ -89,19 +107,21 @@ def dense_scores(mod, scores: np.ndarray, dtype=np.float64) -> np.ndarray:
     out = np.array(scores, dtype=work, copy=True)
     if out.size:
         with np.errstate(all="ignore"):
-            run_user_code(mod.user_names, _dense_apply, mod.element("cpu", work),
-                          mod.args(work), out, out)
+            loop, element = _loop(_dense_apply, _dense_apply_cached, mod, "element", work,
+                                  mod.element("cpu", work))
+            run_user_code(mod.user_names, loop, element, mod.args(work), out, out)
     return out.astype(scores.dtype, copy=False)
 
 
 def dense_grads(mod, scores: np.ndarray) -> np.ndarray:
     """d mod / d score at every score (B, H, Lq, Lk), in the scores' dtype."""
     work = np.dtype(scores.dtype)
-    grad = mod.grad("cpu", work)
+    loop, grad = _loop(_dense_apply, _dense_apply_cached, mod, "grad", work,
+                       mod.grad("cpu", work))
     out = np.empty_like(scores)
     if out.size:
-        run_user_code(mod.user_names, _dense_apply, grad, mod.args(work),
-                      np.ascontiguousarray(scores), out)
+        run_user_code(mod.user_names, loop, grad, mod.args(work), np.ascontiguousarray(scores),
+                      out)
     return out
 
 
@@ -109,6 +129,8 @@ def classify_cells(mod, B: int, H: int, Lq: int, Lk: int, cell_q: int, cell_k: i
     """Tile classes (B, H, ceil(Lq / cell_q), ceil(Lk / cell_k)) int8 of mask ``mod``."""
     table = np.empty((B, H, -(-Lq // cell_q), -(-Lk // cell_k)), dtype=np.int8)
     if table.size:
-        run_user_code(mod.user_names, _classify_cells, mod.tile("cpu"), mod.args(np.float64),
-                      table, Lq, Lk, cell_q, cell_k)
+        loop, tile = _loop(_classify_cells, _classify_cells_cached, mod, "tile", np.float64,
+                           mod.tile("cpu"))
+        run_user_code(mod.user_names, loop, tile, mod.args(np.float64), table, Lq, Lk, cell_q,
+                      cell_k)
     return table

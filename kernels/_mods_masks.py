@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._mods_base import EMPTY, FULL, PARTIAL, MaskMod, _compile, _int
+from ._mods_base import EMPTY, FULL, PARTIAL, MaskMod, _compile, _int, source_name
 from ._mods_user import as_mask_mod
 
 
@@ -38,6 +38,8 @@ class _BuiltinMask(MaskMod):
         if self._check is not None:
             self._check(B, H, Lq, Lk)
 
+    def cache_key(self, part, dtype=np.float64):
+        return source_name(self._tile_source if part == "tile" else self._element_source)
 
 
 def _window_element(b, h, q_idx, kv_idx, args):
@@ -209,6 +211,12 @@ class _CombinedMask(MaskMod):
     def check(self, B, H, Lq, Lk):
         self.first.check(B, H, Lq, Lk)
         self.second.check(B, H, Lq, Lk)
+
+    def cache_key(self, part, dtype=np.float64):
+        keys = (self.first.cache_key(part, dtype), self.second.cache_key(part, dtype))
+        if None in keys:
+            return None
+        return f"{self.op}_{part}({keys[0]}, {keys[1]}, {self._split()})"
 
 
 def _masks(op: str, mods) -> MaskMod:

@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from ._mods_base import ScoreMod, _compile
+from ._mods_base import ScoreMod, _compile, source_name
 from ._mods_user import as_score_mod
 
 
@@ -47,6 +47,9 @@ class _BuiltinScore(ScoreMod):
         if self._check is not None:
             self._check(B, H, Lq, Lk)
 
+    def cache_key(self, part, dtype=np.float64):
+        factory = self._grad_factory if part == "grad" else self._factory
+        return f"{source_name(factory)}[{np.dtype(dtype).name}]"
 
 
 def _alibi_source(F, tanh):
@@ -168,6 +171,14 @@ class _ChainedScore(ScoreMod):
     def check(self, B, H, Lq, Lk):
         self.first.check(B, H, Lq, Lk)
         self.second.check(B, H, Lq, Lk)
+
+    def cache_key(self, part, dtype=np.float64):
+        parts = ((self.first, "element"), (self.second, part)) if part == "element" else (
+            (self.first, "element"), (self.first, "grad"), (self.second, "grad"))
+        keys = [mod.cache_key(p, dtype) for mod, p in parts]
+        if None in keys:
+            return None
+        return f"chain_{part}({', '.join(keys)}, {len(self.first.args(dtype))})"
 
 
 def chain(*score_mods) -> ScoreMod:

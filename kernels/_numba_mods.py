@@ -29,8 +29,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import _mods_cache, numba_cpu
 from . import _mods_compile as mc
-from . import numba_cpu
 from ._dropout import dropout_threshold
 from ._mods_compile import user_names
 from ._validate import AttentionProblem
@@ -115,11 +115,12 @@ def mask_block_rows(problem: AttentionProblem, tile_fn, mask_args, largest: int)
     _, _, _, Lq, Lk, _, _ = problem.shape
     args = (tile_fn, mask_args, Lq, Lk)
     causal = (problem.causal_offset is not None, problem.causal_offset or 0)
-    base = _visible_work(*args, MOD_BLOCK_Q, CELL_K, *causal)
+    work = _visible_work_cached if _mods_cache.all_cached(tile_fn) else _visible_work
+    base = work(*args, MOD_BLOCK_Q, CELL_K, *causal)
     best = min(MOD_BLOCK_Q, largest)
     block_q = 2 * MOD_BLOCK_Q
     while block_q <= largest:
-        if _visible_work(*args, block_q, CELL_K, *causal) <= 1.1 * base:
+        if work(*args, block_q, CELL_K, *causal) <= 1.1 * base:
             best = block_q
         block_q *= 2
     return best
@@ -272,6 +273,15 @@ def _attention_mods_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, c
                                    score_fn, score_args)
 
 
+# The same functions cached on disk, for mod functions that are all CachedFn (built-ins,
+# see kernels._mods_cache); a user function's dispatcher type cannot be found again in a
+# new process, so its kernels are the uncached ones above.
+_visible_work_cached = njit(cache=True)(_visible_work.py_func)
+_attention_mods_parallel_cached = njit(parallel=True, cache=True)(
+    _attention_mods_parallel.py_func)
+_attention_mods_serial_cached = njit(cache=True)(_attention_mods_serial.py_func)
+
+
 def mod_arguments(problem: AttentionProblem, target: str = "cpu"):
     """``(mask_fn, tile_fn, mask_args, score_fn, score_args)`` of a problem for ``target``.
 
@@ -319,7 +329,7 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         parallel = not is_small(problem)
     block_q = block_rows(problem, numba.get_num_threads()) if parallel else 512
     skipping = problem.mask_mod is not None or problem.causal_offset is not None or has_mask
-    mods_args = mod_arguments(problem, "cpu")
+    mods_args = _mods_cache.cacheable(problem, mod_arguments(problem, "cpu"))
     if problem.mask_mod is not None:
         block_q = mask_block_rows(problem, mods_args[1], mods_args[2], block_q)
     cell_k = CELL_K if skipping else BLOCK_K
@@ -332,7 +342,10 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         out, weights, problem.return_weights,
         block_q, BLOCK_K, cell_k, True if use_blas else None, lse,
     ) + mods_args
-    kernel = _attention_mods_parallel if parallel else _attention_mods_serial
+    if _mods_cache.all_cached(mods_args[0], mods_args[1], mods_args[3]):
+        kernel = _attention_mods_parallel_cached if parallel else _attention_mods_serial_cached
+    else:
+        kernel = _attention_mods_parallel if parallel else _attention_mods_serial
     guarded = use_blas and parallel
     with (launch_guard() if parallel else _null()), (single_threaded_blas() if guarded
                                                      else _null()):

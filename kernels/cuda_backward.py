@@ -8,6 +8,12 @@
 - ``dq``: one thread per query row i of one (batch, head); it walks the keys row i can
   see and accumulates ``dq_i += dS k_j``.
 
+Block sparsity, as the forward kernel's: a thread block walks the other axis in tiles of
+as many rows (``dkdv``: query rows; ``dq``: keys) as it has threads, and every thread
+classifies each (rows, keys) tile with the mask function's tile form (the same answer in
+every thread): an EMPTY tile is skipped (none of its data is read), a FULL one needs no
+per-element mask function, a PARTIAL one checks every pair.
+
 Δ_i = rowsum(dO_i ∘ O_i) comes from the host (one pass over dout and out).  Every dot
 product uses :func:`kernels.cuda_backend.make_dot`'s partial sums.  A pair is tested for
 visibility (causal, ``key_lengths``, mask, ``lse_i = -inf`` for a row that sees no key)
@@ -42,18 +48,20 @@ from .cuda_backend import (
     make_dot,
 )
 
+EMPTY, FULL = mc.EMPTY, mc.FULL  # tile classes of a mask function
 
-def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
+
+def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=None):
     """``(dkdv_kernel, dq_kernel)`` for ``dtype`` as plain Python functions.
 
-    ``mask_fn``, ``score_fn`` and ``grad_fn``: the device functions of a call's
-    :mod:`kernels.mods` (:func:`kernels._numba_mods.mod_arguments` for "cuda", and the
-    score function's derivative); the identities when None.  The kernels take their bound
+    ``mask_fn``, ``tile_fn``, ``score_fn`` and ``grad_fn``: the device functions of a
+    call's :mod:`kernels.mods` (:func:`kernels._numba_mods.mod_arguments` for "cuda", and
+    the score function's derivative); the identities when None.  The kernels take their bound
     data as the two last arguments (``mask_args``, ``score_args``; empty tuples without).
     """
     F = numba.from_dtype(np.dtype(dtype))
     if mask_fn is None:
-        mask_fn = mc.identity_mask("cuda")[0]
+        mask_fn, tile_fn = mc.identity_mask("cuda")
     if score_fn is None:
         score_fn = mc.identity_score("cuda")
         grad_fn = mc.identity_score_grad("cuda", dtype)
@@ -64,12 +72,12 @@ def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
 
     @_device
     def visible(i, j, b, h, key_len, causal, causal_offset, mask, mask_sb, mask_sh,
-                mask_si, mask_sj, has_mask, mask_args):
+                mask_si, mask_sj, has_mask, check_each, mask_args):
         """``(seen, additive mask value)`` of pair (i, j): causal, key_lengths, the mask
-        function, then mask."""
+        function (unless its tile is FULL: ``check_each`` False), then mask."""
         if j >= key_len or (causal and j > i + causal_offset):
             return False, ZERO
-        if not mask_fn(b, h, i, j, mask_args):
+        if check_each and not mask_fn(b, h, i, j, mask_args):
             return False, ZERO
         if has_mask:
             m = mask[b * mask_sb + h * mask_sh + i * mask_si + j * mask_sj]
@@ -110,7 +118,9 @@ def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
         bhk = cuda.blockIdx.x // n_tiles
         b = bhk // Hkv
         hk = bhk % Hkv
-        j = (cuda.blockIdx.x % n_tiles) * block + cuda.threadIdx.x
+        j0 = (cuda.blockIdx.x % n_tiles) * block  # the block's keys are [j0, j1)
+        j1 = min(j0 + block, Lk)
+        j = j0 + cuda.threadIdx.x
         if j >= Lk:
             return
         dk_acc = cuda.local.array(MAX_HEAD_DIM, F)
@@ -125,20 +135,26 @@ def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
             i_start = max(j - causal_offset, 0)  # rows above it cannot see key j
         if j < key_len:
             for h in range(hk * group, (hk + 1) * group):
-                for i in range(i_start, Lq):
-                    seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
-                                          mask_sb, mask_sh, mask_si, mask_sj, has_mask,
-                                          mask_args)
-                    if not seen or lse[b, h, i] == NEG_INF:
-                        continue
-                    ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
-                                        scale, threshold, keep_scale, seed, D, Dv,
-                                        score_args)
-                    for d in range(D):
-                        dk_acc[d] += ds * q[b, h, i, d]
-                    if pd != ZERO:
-                        for d in range(Dv):
-                            dv_acc[d] += pd * dout[b, h, i, d]
+                # query tiles of `block` rows, from the first that holds row i_start
+                for i0 in range((i_start // block) * block, Lq, block):
+                    i1 = min(i0 + block, Lq)
+                    cls = tile_fn(b, h, i0, i1, j0, j1, mask_args)
+                    if cls == EMPTY:
+                        continue  # no pair of the tile is visible: nothing of it is read
+                    for i in range(max(i0, i_start), i1):
+                        seen, extra = visible(i, j, b, h, key_len, causal, causal_offset,
+                                              mask, mask_sb, mask_sh, mask_si, mask_sj,
+                                              has_mask, cls != FULL, mask_args)
+                        if not seen or lse[b, h, i] == NEG_INF:
+                            continue
+                        ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j,
+                                            extra, scale, threshold, keep_scale, seed, D, Dv,
+                                            score_args)
+                        for d in range(D):
+                            dk_acc[d] += ds * q[b, h, i, d]
+                        if pd != ZERO:
+                            for d in range(Dv):
+                                dv_acc[d] += pd * dout[b, h, i, d]
         for d in range(D):
             dk[b, hk, j, d] = dk_acc[d] * scale
         for d in range(Dv):
@@ -156,7 +172,9 @@ def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
         b = bh // H
         h = bh % H
         hk = h // (H // Hkv)
-        i = (cuda.blockIdx.x % n_tiles) * block + cuda.threadIdx.x
+        i0 = (cuda.blockIdx.x % n_tiles) * block  # the block's rows are [i0, i1)
+        i1 = min(i0 + block, Lq)
+        i = i0 + cuda.threadIdx.x
         if i >= Lq:
             return
         dq_acc = cuda.local.array(MAX_HEAD_DIM, F)
@@ -167,17 +185,22 @@ def _kernel_sources(dtype, mask_fn=None, score_fn=None, grad_fn=None):
         if causal:
             key_end = min(key_end, i + causal_offset + 1)
         if lse[b, h, i] != NEG_INF:  # a row that sees no key is never read
-            for j in range(max(key_end, 0)):
-                seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
-                                      mask_sb, mask_sh, mask_si, mask_sj, has_mask,
-                                      mask_args)
-                if not seen:
-                    continue
-                ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
-                                    scale, threshold, keep_scale, seed, D, Dv,
-                                    score_args)
-                for d in range(D):
-                    dq_acc[d] += ds * k[b, hk, j, d]
+            for j0 in range(0, key_end, block):  # key tiles of `block` keys
+                j1 = min(j0 + block, key_end)
+                cls = tile_fn(b, h, i0, i1, j0, j1, mask_args)
+                if cls == EMPTY:
+                    continue  # no pair of the tile is visible: nothing of it is read
+                for j in range(j0, j1):
+                    seen, extra = visible(i, j, b, h, key_len, causal, causal_offset, mask,
+                                          mask_sb, mask_sh, mask_si, mask_sj, has_mask,
+                                          cls != FULL, mask_args)
+                    if not seen:
+                        continue
+                    ds, pd = pair_grads(q, k, v, dout, lse, row_dot, b, h, hk, i, j, extra,
+                                        scale, threshold, keep_scale, seed, D, Dv,
+                                        score_args)
+                    for d in range(D):
+                        dq_acc[d] += ds * k[b, hk, j, d]
         for d in range(D):
             dq[b, h, i, d] = dq_acc[d] * scale
 
@@ -209,14 +232,15 @@ def _kernels(dtype):
                  for sig, source in zip(_signatures(dtype), sources, strict=True))
 
 
-def _mods_kernels(dtype, mask_fn, score_fn, grad_fn):
+def _mods_kernels(dtype, mask_fn, tile_fn, score_fn, grad_fn):
     """The kernels with a call's mod functions compiled in (built once per structure)."""
     def build():
-        sources = _kernel_sources(dtype, mask_fn, score_fn, grad_fn)
+        sources = _kernel_sources(dtype, mask_fn, tile_fn, score_fn, grad_fn)
         return tuple(cuda.jit(source) if SIMULATOR else cuda.jit(cache=False)(source)
                      for source in sources)
 
-    return mc.memo(("cuda_backward", np.dtype(dtype).name, mask_fn, score_fn, grad_fn), build)
+    return mc.memo(("cuda_backward", np.dtype(dtype).name, mask_fn, tile_fn, score_fn,
+                    grad_fn), build)
 
 
 def compile_mods_ptx(problem: AttentionProblem, cc=(9, 0)) -> dict[str, str]:
@@ -224,13 +248,13 @@ def compile_mods_ptx(problem: AttentionProblem, cc=(9, 0)) -> dict[str, str]:
     ``{"dkdv": ptx, "dq": ptx}``."""
     if SIMULATOR:
         raise RuntimeError("compile_mods_ptx needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
-    mask_fn, _, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
+    mask_fn, tile_fn, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
     grad_fn = (mc.identity_score_grad("cuda", problem.dtype) if problem.score_mod is None
                else problem.score_mod.grad("cuda", problem.dtype))
     extra = (numba.typeof(mask_args), numba.typeof(score_args))
     ptx = {}
-    for kind, source, sig in zip(("dkdv", "dq"),
-                                 _kernel_sources(problem.dtype, mask_fn, score_fn, grad_fn),
+    sources = _kernel_sources(problem.dtype, mask_fn, tile_fn, score_fn, grad_fn)
+    for kind, source, sig in zip(("dkdv", "dq"), sources,
                                  _signatures(problem.dtype), strict=True):
         ptx[kind], _ = cuda.compile_ptx(source, sig[:-2] + extra, cc=tuple(cc))
     return ptx
@@ -281,13 +305,13 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     mod_args, user_names = ((), ()), ()
     has_mods = problem.score_mod is not None or problem.mask_mod is not None
     if has_mods:
-        mask_fn, _, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
+        mask_fn, tile_fn, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
         grad_fn = (mc.identity_score_grad("cuda", dtype) if problem.score_mod is None
                    else problem.score_mod.grad("cuda", dtype))
         mod_args, user_names = (mask_args, score_args), mc.user_names(problem)
     with _simulator_lock:
         if has_mods:
-            dkdv_kernel, dq_kernel = _mods_kernels(dtype, mask_fn, score_fn, grad_fn)
+            dkdv_kernel, dq_kernel = _mods_kernels(dtype, mask_fn, tile_fn, score_fn, grad_fn)
             mod_args = tuple(tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a
                                    for a in group) for group in mod_args)
         else:

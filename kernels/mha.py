@@ -83,15 +83,17 @@ class MultiHeadAttention:
         """Number of scalars in :meth:`parameters`, counted from the arrays."""
         return int(sum(p.size for p in self._params.values()))
 
-    def forward(self, x, *, causal=False, mask=None, key_lengths=None, backend="auto"):
+    def forward(self, x, *, causal=False, mask=None, key_lengths=None, score_mod=None,
+                mask_mod=None, backend="auto"):
         """Self-attention of ``x``.
 
         Parameters
         ----------
         x : ndarray, shape (..., L, d_model)
             In the module's dtype.
-        causal, mask, key_lengths, backend
-            As in :func:`kernels.attention`; ``mask`` broadcasts to (..., n_heads, L, L).
+        causal, mask, key_lengths, score_mod, mask_mod, backend
+            As in :func:`kernels.attention`; ``mask`` broadcasts to (..., n_heads, L, L);
+            a score or mask function sees the query head ``h`` and the positions in x.
 
         Returns
         -------
@@ -107,12 +109,14 @@ class MultiHeadAttention:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
         return reference.multihead_fused(
             x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
-            causal=causal, mask=mask, key_lengths=key_lengths,
+            causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
+            mask_mod=mask_mod,
         )
 
     __call__ = forward
 
-    def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, backend="auto"):
+    def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, score_mod=None,
+                 mask_mod=None, backend="auto"):
         """Gradients of ``sum(dy * forward(x, ...))`` with respect to x and every parameter.
 
         Recomputes the forward (projections, then attention with its log-sum-exp) and runs
@@ -126,8 +130,9 @@ class MultiHeadAttention:
             The input ``forward`` was called with, in the module's dtype.
         dy : ndarray, shape (..., L, d_model)
             Gradient of the loss with respect to ``forward(x)``.
-        causal, mask, key_lengths, backend
-            The keywords ``forward`` was called with.
+        causal, mask, key_lengths, score_mod, mask_mod, backend
+            The keywords ``forward`` was called with (a score function needs its
+            derivative, as in :func:`kernels.attention_backward`).
 
         Returns
         -------
@@ -153,7 +158,8 @@ class MultiHeadAttention:
         q = reference.split_heads(reference._project(x, params, "q"), H)  # (..., H, L, d_head)
         k = reference.split_heads(reference._project(x, params, "k"), Hkv)  # (..., Hkv, L, d_head)
         v = reference.split_heads(reference._project(x, params, "v"), Hkv)
-        keywords = dict(causal=causal, mask=mask, key_lengths=key_lengths, backend=backend)
+        keywords = dict(causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
+                        mask_mod=mask_mod, backend=backend)
         heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
         concat = reference.merge_heads(heads)  # (..., L, H*d_head)
 

@@ -82,8 +82,8 @@ def test_matches_reference(shape, make, dtype):
 # Backward and lse: the cases whose score functions have derivatives (all built-ins), fewer
 # of them (each structure builds two more kernels).
 BACKWARD_CASES = [c for c in CASES if c[0] in (
-    "window 2", "prefix_lm", "alibi", "softcap + float mask", "relative_bias + dropout",
-    "and/or + chain + lengths")]
+    "window 2", "window 0 Lq<Lk", "document", "prefix_lm", "alibi", "softcap + float mask",
+    "relative_bias + dropout", "and/or + chain + lengths", "user function + block mask")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -111,6 +111,37 @@ def test_backward_keys_hidden_by_a_mask_function_reach_no_gradient():
     np.testing.assert_array_equal(after[0][..., 5:, :], before[0][..., 5:, :])  # dq
     for a, b in zip(after[1:], before[1:], strict=True):
         np.testing.assert_array_equal(a[..., 5:, :], b[..., 5:, :])  # dk, dv of keys 5..
+
+
+def _never_called(b, h, q_idx, kv_idx):
+    if q_idx >= 0:  # always; written so that Numba types the function as returning a bool
+        raise RuntimeError("the element function ran")
+    return True
+
+
+def test_backward_skips_empty_tiles_and_checks_no_pair_of_full_ones():
+    """Documents on the 4 x 4 tiles' edges: every tile is empty or full, so neither backward
+    kernel evaluates the mask function per pair (here one that raises); the gradients are
+    the document mask's."""
+    ids = np.repeat([0, 1, 2], 4)[None]
+    table = mods.block_mask(mods.document(ids), 1, 1, 12, 12, cell_q=4, cell_k=4).table
+    assert set(np.unique(table)) == {mods.EMPTY, mods.FULL}
+    raising = mods.BlockMask(mods.mask_mod(_never_called), table, 4, 4, 12, 12, 0.0)
+    q, k, v = _qkv(B=1, H=2, Lq=12)
+    dout = np.random.default_rng(6).standard_normal(q.shape).astype(q.dtype)
+    grads = kernels.attention_backward(q, k, v, dout, mask_mod=raising, backend="cuda")
+    expected = kernels.attention_backward(q, k, v, dout, mask_mod=mods.document(ids),
+                                          backend="cuda")
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    partial = table.copy()
+    partial[0, 0, 1, 1] = mods.PARTIAL  # where a tile is partial, the function runs
+    raising = mods.BlockMask(mods.mask_mod(_never_called), partial, 4, 4, 12, 12, 0.0)
+    out, lse = kernels.attention(q, k, v, mask_mod=mods.document(ids), return_lse=True,
+                                 backend="cuda")
+    with pytest.raises(ValueError, match="_never_called"):
+        kernels.attention_backward(q, k, v, dout, out=out, lse=lse, mask_mod=raising,
+                                   backend="cuda")
 
 
 def test_keys_hidden_by_a_mask_function_are_never_read():

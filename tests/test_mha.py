@@ -96,3 +96,30 @@ def test_bad_forward_input():
         layer(np.zeros((2, 8), np.float32))
     with pytest.raises(TypeError, match="dtype"):
         kernels.MultiHeadAttention(16, 4, dtype=np.float16)
+
+
+def _window_alibi_as_float_mask(H, L, left, slopes):
+    """sliding_window(left) and alibi(slopes) written as one float mask (H, L, L)."""
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    bias = slopes[:, None, None] * (j - i)
+    return np.where((j >= i - left) & (j <= i), bias, -np.inf)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_forward_and_backward_take_score_and_mask_functions(backend):
+    """mask_mod= and score_mod= reach kernels.attention: the same as their dense mask."""
+    layer = kernels.MultiHeadAttention(16, 4, 2, dtype=np.float64, seed=4)
+    x = np.random.default_rng(5).standard_normal((2, 9, 16))
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625])
+    mods_kw = dict(mask_mod=kernels.mods.sliding_window(3), score_mod=kernels.mods.alibi(slopes))
+    dense = layer(x, mask=_window_alibi_as_float_mask(4, 9, 3, slopes), backend="reference")
+    with_mods = layer(x, backend=backend, **mods_kw)
+    np.testing.assert_allclose(with_mods, dense, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(with_mods, layer(x, backend=backend))  # the functions changed it
+    dy = np.random.default_rng(6).standard_normal(x.shape)
+    dx, grads = layer.backward(x, dy, backend=backend, **mods_kw)
+    dx_dense, grads_dense = layer.backward(
+        x, dy, mask=_window_alibi_as_float_mask(4, 9, 3, slopes), backend="reference")
+    np.testing.assert_allclose(dx, dx_dense, rtol=1e-10, atol=1e-12)
+    for name in grads:
+        np.testing.assert_allclose(grads[name], grads_dense[name], rtol=1e-10, atol=1e-12)
