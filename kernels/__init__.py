@@ -209,6 +209,10 @@ def plan(dtypes=("float32", "float64")) -> dict:
     calls and processes use it without timing (~20-45 s on a cold cache, mostly compiling;
     well under a second once stored).
 
+    Parameters
+    ----------
+    dtypes : sequence of dtype-like, default ("float32", "float64")
+
     Returns
     -------
     dict

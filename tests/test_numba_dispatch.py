@@ -152,3 +152,15 @@ def test_a_stored_choice_is_read_once_and_a_miss_remembered(monkeypatch, tmp_pat
     _microplan._CHOICES.clear()  # a new process reads the file
     assert _microplan.stored_choice(F32) == (4, 32)
     assert _microplan.record([F32]) == {"float32": "4x32"}
+
+
+def test_plan_chooses_each_dtype_and_reports_it(monkeypatch):
+    chosen = {F32: (8, 16), F64: None}
+
+    def choice(dtype, **kwargs):
+        _microplan._CHOICES[np.dtype(dtype)] = chosen[np.dtype(dtype)]
+        return chosen[np.dtype(dtype)]
+
+    monkeypatch.setattr(_microplan, "choice", choice)
+    assert kernels.plan() == {"float32": "8x16", "float64": "blas"}
+    assert kernels.attention_plan() == {"float32": "8x16", "float64": "blas"}
