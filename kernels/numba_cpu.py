@@ -7,15 +7,16 @@ Per tile it computes
 
     S = Q_blk · K_tileᵀ              (BLOCK_Q x BLOCK_K, one GEMM)
     S = S · scale + mask              (-inf where hidden), row max m_new
-    P = exp(S - m_new)                (a vectorised polynomial exp, see ``_exp32``)
+    P = exp(S - m_new)                (a vectorised polynomial exp: ``_numba_math``)
     acc = acc · exp(m_old - m_new) + P · V_tile     (a second GEMM)
 
 and divides by ``ℓ`` at the end.  Working memory is O(BLOCK_Q · (BLOCK_K + Dv)) per
 task: no L x L array exists unless ``return_weights`` asks for one.
 
 The two GEMMs go to the BLAS through ``np.dot`` (SciPy's BLAS, as Numba calls it) when
-SciPy is installed, single-threaded inside Numba's threads (see ``single_threaded_blas``);
-without SciPy, to plain Numba loops (correct, about half as fast).
+SciPy is installed, single-threaded inside Numba's threads
+(``_numba_launch.single_threaded_blas``); without SciPy, to plain Numba loops (correct,
+about half as fast).
 
 Masking, and what is never read:
 
@@ -31,6 +32,13 @@ Masking, and what is never read:
 
 Bool masks are read as they are (one byte per entry, no additive copy): see
 ``AttentionProblem.mask_is_bool``.
+
+This module holds the kernel and its launch; the numeric primitives are in
+``kernels._numba_math``, the tile pieces (masks, products, the row update) in
+``kernels._numba_tiles``, the launch guards in ``kernels._numba_launch`` (their names
+are importable from here too).  Without a mask, dropout or weights, :func:`run` hands a
+parallel call to the micro-kernel path (``kernels._microkernel``) where the planner
+(``kernels._microplan``) chose it for the machine and dtype.
 """
 
 from __future__ import annotations
