@@ -12,6 +12,15 @@ Backends: ``"reference"`` (the literal formula in NumPy, float64 accumulation: t
 oracle), ``"numba"`` (fused CPU kernel, parallel) and ``"cuda"`` (numba.cuda; runs in
 Numba's CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``).  Importing this package
 imports neither Numba nor the CUDA driver; kernels compile on first use and are cached.
+
+The numba backend computes its two tile products either with the BLAS or with a
+register-blocked micro-kernel on keys and values packed once per head; which is faster
+depends on the machine, so it is measured once per machine and dtype and stored beside
+Numba's cache (like FFTW's wisdom).  :func:`plan` measures now (~20-45 s the first time,
+mostly compiling); without it the BLAS path is used until a call of at least
+``kernels._microplan.PLAN_WORK_LIMIT`` multiply-adds (e.g. B=1, H=12, L=4096, D=64)
+plans at first use, announced by a ``PlanningWarning``.  :func:`attention_plan` says
+what is stored, without measuring.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from .softmax import softmax
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_plan",
+    "plan",
     "prepare",
     "mods",
     "softmax",
@@ -188,3 +199,40 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
     return check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
+
+
+def plan(dtypes=("float32", "float64")) -> dict:
+    """Choose the numba backend's tile-product path for this machine now, per dtype.
+
+    Times the micro-kernel's candidate register blocks, then the fastest against the BLAS
+    tiles, on one thread (CPU time), and stores the choice beside Numba's cache: later
+    calls and processes use it without timing (~20-45 s on a cold cache, mostly compiling;
+    well under a second once stored).
+
+    Parameters
+    ----------
+    dtypes : sequence of dtype-like, default ("float32", "float64")
+
+    Returns
+    -------
+    dict
+        As :func:`attention_plan`.
+    """
+    from . import _microplan  # imports Numba: only when asked
+
+    return _microplan.plan_all(tuple(np.dtype(d) for d in dtypes))
+
+
+def attention_plan() -> dict:
+    """What the numba backend's tile products use here, per dtype, without planning.
+
+    Returns
+    -------
+    dict
+        ``{"float32": ..., "float64": ...}``, each the micro-kernel's register block
+        (e.g. ``"8x16"``), ``"blas"``, or ``"not planned"`` (the BLAS path, until
+        :func:`plan` or a large call plans).
+    """
+    from . import _microplan  # imports Numba: only when asked
+
+    return _microplan.record()

@@ -1,9 +1,10 @@
-"""An experimental forward path without BLAS: register-blocked Numba micro-kernels.
+"""The numba backend's forward path without BLAS: register-blocked Numba micro-kernels.
 
 The question it answers ("the GEMM floor"): can the fused kernel beat its own
 BLAS floor by replacing OpenBLAS's tile GEMMs (repacked on every call) with products on
 panels packed once per (batch, head)?  This module is the alternative, measured by
-``scripts/bench_gemm_floor.py``; it is not a backend.
+``scripts/bench_gemm_floor.py``.  The numba backend (:func:`kernels.numba_cpu.run`) takes
+this path where :mod:`kernels._microplan` found it faster on the machine.
 
 Layout.  For each (batch, key/value head) the keys are packed once into panels of ``nr``
 keys, ``kp[panel, d, j] = K[panel · nr + j, d]`` (zero past the last key or past
@@ -47,15 +48,17 @@ from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .numba_cpu import _FASTMATH, _from_max_key, _max_key, fast_exp
+from ._numba_launch import launch_guard
+from ._numba_math import _FASTMATH, _from_max_key, _max_key, fast_exp
 
 __all__ = ["CONFIGS", "attention", "run", "tile_product"]
 
 #: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators); the
-#: first is the default (the planner's choice in docs/gemm-floor.md's runs).
+#: first is the default.  Two per dtype: the four measured in docs/gemm-floor.md were within
+#: 8% of each other, and each candidate costs the planner a compilation (~8 s).
 CONFIGS = {
-    np.dtype(np.float32): ((8, 16), (4, 32), (6, 32), (4, 16)),
-    np.dtype(np.float64): ((4, 16), (6, 16), (8, 8), (4, 8)),
+    np.dtype(np.float32): ((8, 16), (4, 32)),
+    np.dtype(np.float64): ((4, 16), (8, 8)),
 }
 #: Query rows per task and keys per tile (a multiple of every ``nr`` above).
 BLOCK_Q = 64
@@ -278,8 +281,9 @@ def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_
 def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None):
     """``(out, lse)`` of a validated problem (no mask, dropout, weights or mods).
 
-    The entry point a backend would call, as ``kernels.numba_cpu.run(problem,
-    return_lse=True)`` returns its ``out`` and ``lse``: out (B, H, Lq, Dv), lse (B, H, Lq).
+    The numba backend's entry point here (from :func:`kernels.numba_cpu.run`), returning
+    what ``kernels.numba_cpu.run(problem, return_lse=True)`` returns as ``out`` and
+    ``lse``: out (B, H, Lq, Dv), lse (B, H, Lq).
     ``fuse``: one parallel launch whose tasks each pack one (batch, key head) and run all
     its query blocks (no second launch, no packed copy of the whole K and V), rather than
     a packing launch and then one task per query block; default: fused where there are at
@@ -296,8 +300,6 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
     out = np.empty((B, H, Lq, Dv), dtype=dtype)
     lse = np.empty((B, H, Lq), dtype=dtype)
     if out.size:
-        from .numba_cpu import launch_guard
-
         with launch_guard():
             _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
                      problem.causal_offset is not None, problem.causal_offset or 0,

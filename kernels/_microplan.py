@@ -22,6 +22,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numba
@@ -29,8 +30,9 @@ import numpy as np
 
 from ._microkernel import CONFIGS, run
 
-__all__ = ["FILENAME", "VERSION", "choice", "load", "locations", "machine_key",
-           "median_interval", "plan", "store"]
+__all__ = ["FILENAME", "NOT_PLANNED", "PLAN_WORK_LIMIT", "VERSION", "PlanningWarning",
+           "block_for", "choice", "load", "locations", "machine_key", "median_interval", "plan",
+           "plan_all", "record", "store", "stored_choice"]
 
 FILENAME = "microkernel-plan.json"
 #: Format version: a file of another version is ignored.
@@ -130,6 +132,9 @@ PLAN_SHAPE = (1, 4, 1024, 64)
 PLAN_ROUNDS = 9
 _PLANS: dict = {}  # this process's choices, per dtype (plan, then choice)
 _CHOICES: dict = {}
+#: What :func:`record` says for a dtype with no stored choice (and ``_CHOICES`` holds
+#: after looking for one in vain).
+NOT_PLANNED = "not planned"
 
 
 def _cpu_clock():
@@ -226,15 +231,16 @@ def plan(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, in
 def choice(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, int] | None:
     """The planned register block if it beats the BLAS tile kernel here, else None.
 
-    What a backend would consult at first use per machine and dtype (and record in the
-    machine record): the micro-kernel path at :func:`plan`'s block against
-    :func:`kernels.numba_cpu.run`, timed as :func:`plan` times, the lower median winning;
-    remembered and persisted as :func:`plan` is (``"choice"``: the block or ``"blas"``).
+    What the numba backend consults per machine and dtype (see :func:`block_for`) and
+    the machine record reports (:func:`record`): the micro-kernel path at :func:`plan`'s
+    block against the BLAS tiles of :func:`kernels.numba_cpu.run`, timed as :func:`plan`
+    times, the lower median winning; remembered and persisted as :func:`plan` is
+    (``"choice"``: the block or ``"blas"``).
     """
     from kernels import numba_cpu
 
     dtype = np.dtype(dtype)
-    if dtype not in _CHOICES:
+    if _CHOICES.get(dtype, NOT_PLANNED) == NOT_PLANNED:  # none yet, or none stored
         config = plan(dtype, shape=shape, rounds=rounds)
         key = machine_key(dtype.name)
         entry = load(key, _valid_choice(dtype))
@@ -242,7 +248,7 @@ def choice(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, 
             problem = _plan_problem(dtype, shape)
             samples = _time_calls({"micro": functools.partial(run, problem, config),
                                    "blas": functools.partial(numba_cpu.run, problem,
-                                                             parallel=True)}, rounds)
+                                                             parallel=True, micro=False)}, rounds)
             med = {name: median_interval(s)[0] for name, s in samples.items()}
             entry = dict(load(key, _valid_plan(dtype)) or {"plan": list(config)},
                          choice=list(config) if med["micro"] < med["blas"] else "blas",
@@ -250,3 +256,75 @@ def choice(dtype, *, shape=PLAN_SHAPE, rounds: int = PLAN_ROUNDS) -> tuple[int, 
             store(key, entry)
         _CHOICES[dtype] = None if entry["choice"] == "blas" else tuple(entry["choice"])
     return _CHOICES[dtype]
+
+
+# --- what the numba backend and the machine record ask -------------------------------------
+
+#: Problems with at least this many multiply-adds (B·H·Lq·Lk·(D+Dv); e.g. B=1, H=12,
+#: L=4096, D=64) plan at first use when no choice is stored: a call that long makes the
+#: planner's one-off cost (compiling the candidates, ~20-45 s on a cold cache) worth
+#: announcing and paying.  Smaller problems take the BLAS path until a plan exists.
+PLAN_WORK_LIMIT = 1 << 34
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class PlanningWarning(UserWarning):
+    """The numba backend is about to plan (once per machine and dtype; seconds)."""
+
+
+def stored_choice(dtype):
+    """The choice made earlier (in this process or persisted), without planning.
+
+    Returns
+    -------
+    tuple of int, "blas" or None
+        The register block, ``"blas"``, or None where no choice is stored for ``dtype``.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _CHOICES:  # looked up once per process: a miss is remembered too
+        entry = load(machine_key(dtype.name), _valid_choice(dtype))
+        if entry is None:
+            _CHOICES[dtype] = NOT_PLANNED
+        else:
+            _PLANS[dtype] = tuple(entry["plan"])
+            _CHOICES[dtype] = None if entry["choice"] == "blas" else tuple(entry["choice"])
+    stored = _CHOICES[dtype]
+    return None if stored == NOT_PLANNED else stored or "blas"
+
+
+def block_for(problem):
+    """The register block the numba backend should use for ``problem``, or None (BLAS).
+
+    The stored choice where there is one; else, for a problem of at least
+    :data:`PLAN_WORK_LIMIT` multiply-adds, :func:`choice` now, announced by a
+    :class:`PlanningWarning`; else None, without planning.
+    """
+    stored = stored_choice(problem.dtype)
+    if stored is None:
+        B, H, _, Lq, Lk, D, Dv = problem.shape
+        if B * H * Lq * Lk * (D + Dv) < PLAN_WORK_LIMIT:
+            return None
+        warnings.warn(PlanningWarning(
+            f"kernels: timing the numba backend's two tile-product paths for "
+            f"{problem.dtype.name} on this machine (once; the choice is stored in "
+            f"{FILENAME} beside Numba's cache). This first call takes ~20-45 s longer; "
+            f"kernels.plan() does it ahead of time."), stacklevel=4)
+        return choice(problem.dtype)
+    return None if stored == "blas" else stored
+
+
+def plan_all(dtypes=_DTYPES) -> dict:
+    """Plan and choose for each dtype now (:func:`choice`); :func:`record` of them."""
+    for dtype in dtypes:
+        choice(dtype)
+    return record(dtypes)
+
+
+def record(dtypes=_DTYPES) -> dict:
+    """``{dtype name: "8x16" (the block), "blas" or "not planned"}``; never plans."""
+    def label(stored):
+        if stored is None:
+            return NOT_PLANNED
+        return stored if stored == "blas" else "x".join(map(str, stored))
+
+    return {np.dtype(d).name: label(stored_choice(d)) for d in dtypes}

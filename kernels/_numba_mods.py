@@ -33,29 +33,24 @@ from . import _mods_cache, numba_cpu
 from . import _mods_compile as mc
 from ._dropout import dropout_threshold
 from ._mods_compile import user_names
-from ._validate import AttentionProblem
-from .numba_cpu import (
-    _FASTMATH,
-    BLOCK_K,
+from ._numba_launch import launch_guard, single_threaded_blas
+from ._numba_math import _FASTMATH, _max_key, float_constants
+from ._numba_tiles import (
     _adds_to_scores,
     _all_finite,
+    _block_state,
     _finish_rows,
     _mask_score,
     _mask_tile_count,
-    _max_key,
     _rescale_add,
     _scores_by_blas,
     _scores_by_loops,
     _softmax_row,
-    _task_block,
     _values_by_blas,
     _values_by_loops,
-    block_rows,
-    float_constants,
-    is_small,
-    launch_guard,
-    single_threaded_blas,
 )
+from ._validate import AttentionProblem
+from .numba_cpu import BLOCK_K, _task_block, block_rows, is_small
 
 #: Query rows per task when a mask function is given, unless larger blocks compute no
 #: more pairs (see ``mask_block_rows``): a block of 64 rows under a window of W keys
@@ -133,25 +128,12 @@ def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causa
                        mask_fn, tile_fn, mask_args, score_fn, score_args):
     """Attention for query rows [i0, i1) of batch b, head h, with the mod functions; also
     writes ``lse[b, h, i]`` as :func:`kernels.numba_cpu._attend_block` does."""
-    dtype = q.dtype
-    hk = h // (q.shape[1] // k.shape[1])
     Dv = v.shape[3]
     n_rows = i1 - i0
     zero, _, neg_inf = float_constants(scale)  # in the input dtype
-    correction = np.ones(n_rows, dtype=dtype)  # exp(m_old - m_new) of the current tile
-    s_buf = np.empty(n_rows * block_k, dtype=dtype)  # scores, then P, of a tile
-    o_buf = np.empty((n_rows, Dv), dtype=dtype)  # P · V of a tile
-    acc = np.zeros((n_rows, Dv), dtype=dtype)  # unnormalised output rows
-    row_max = np.full(n_rows, neg_inf, dtype=dtype)  # running max m
-    row_sum = np.zeros(n_rows, dtype=dtype)  # running sum ℓ
-    row_nan = np.zeros(n_rows, dtype=np.bool_)  # a visible score was NaN (or +inf)
-    q_blk = q[b, h, i0:i1]  # (n_rows, D)
-
-    key_end = key_lengths[b]
-    if causal:
-        key_end = min(key_end, i1 + causal_offset)  # the last row sees keys < i1 + offset
-    mask_b = b * mask_strides[0] + h * mask_strides[1]
-    mask_i, mask_j = mask_strides[2], mask_strides[3]
+    (hk, q_blk, key_end, mask_b, mask_i, mask_j, correction, s_buf, o_buf, acc, row_max,
+     row_sum, row_nan) = _block_state(q, k, key_lengths, mask_strides, causal, causal_offset,
+                                      scale, b, h, i0, i1, block_k, Dv)
 
     j = 0
     while j < key_end:

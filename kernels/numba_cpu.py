@@ -7,15 +7,16 @@ Per tile it computes
 
     S = Q_blk · K_tileᵀ              (BLOCK_Q x BLOCK_K, one GEMM)
     S = S · scale + mask              (-inf where hidden), row max m_new
-    P = exp(S - m_new)                (a vectorised polynomial exp, see ``_exp32``)
+    P = exp(S - m_new)                (a vectorised polynomial exp: ``_numba_math``)
     acc = acc · exp(m_old - m_new) + P · V_tile     (a second GEMM)
 
 and divides by ``ℓ`` at the end.  Working memory is O(BLOCK_Q · (BLOCK_K + Dv)) per
 task: no L x L array exists unless ``return_weights`` asks for one.
 
 The two GEMMs go to the BLAS through ``np.dot`` (SciPy's BLAS, as Numba calls it) when
-SciPy is installed, single-threaded inside Numba's threads (see ``single_threaded_blas``);
-without SciPy, to plain Numba loops (correct, about half as fast).
+SciPy is installed, single-threaded inside Numba's threads
+(``_numba_launch.single_threaded_blas``); without SciPy, to plain Numba loops (correct,
+about half as fast).
 
 Masking, and what is never read:
 
@@ -31,21 +32,56 @@ Masking, and what is never read:
 
 Bool masks are read as they are (one byte per entry, no additive copy): see
 ``AttentionProblem.mask_is_bool``.
+
+This module holds the kernel and its launch; the numeric primitives are in
+``kernels._numba_math``, the tile pieces (masks, products, the row update) in
+``kernels._numba_tiles``, the launch guards in ``kernels._numba_launch`` (their names
+are importable from here too).  Without a mask, dropout or weights, :func:`run` hands a
+parallel call to the micro-kernel path (``kernels._microkernel``) where the planner
+(``kernels._microplan``) chose it for the machine and dtype.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import njit, prange
 
-from ._dropout import build_dropout_bits, dropout_threshold
+from . import _microkernel, _microplan
+from ._dropout import dropout_threshold
+from ._numba_launch import (  # noqa: F401  (re-exported: other kernels import them from here)
+    _BLAS_SINGLE_THREADED_WORK,
+    _launch_lock,
+    launch_guard,
+    single_threaded_blas,
+)
+from ._numba_math import (  # noqa: F401  (re-exported)
+    _EXACT_MATH,
+    _FASTMATH,
+    _exp32,
+    _exp64,
+    _from_max_key,
+    _max_key,
+    fast_exp,
+    float_constants,
+)
+from ._numba_tiles import (  # noqa: F401  (re-exported)
+    _adds_to_scores,
+    _all_finite,
+    _block_state,
+    _finish_rows,
+    _mask_score,
+    _mask_tile_count,
+    _rescale_add,
+    _scores_by_blas,
+    _scores_by_loops,
+    _softmax_row,
+    _values_by_blas,
+    _values_by_loops,
+)
 from ._validate import AttentionProblem
 
 #: Query rows per parallel task: K and V tiles are reused across these rows.
@@ -66,397 +102,6 @@ SERIAL_WORK_LIMIT = 1 << 20
 #: threadpoolctl can hold that BLAS to one thread inside Numba's threads.
 HAVE_BLAS = all(importlib.util.find_spec(name) is not None for name in ("scipy", "threadpoolctl"))
 
-# fastmath without 'nnan'/'ninf': those flags let LLVM delete the -inf comparisons the
-# masking relies on.  'reassoc' lets the row reductions vectorise.
-_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
-# The exp functions must not be reassociated: that would merge the two-part (Cody-Waite)
-# range reduction back into one product and lose its precision.  LLVM keeps each
-# instruction's own flags when it inlines them into the vectorised loops.
-_EXACT_MATH = {"nsz", "arcp", "contract"}
-
-_dropout_bits = build_dropout_bits(njit(cache=True))
-
-
-# --- a vectorisable exp -------------------------------------------------------------------
-# Numba has no SVML: math.exp in a loop is a scalar libm call (~2.4 ns per float32 here).
-# _exp32 is Cephes' expf (range reduction by a two-part ln 2, degree-6 polynomial) and
-# _exp64 the same reduction with a degree-13 Taylor polynomial, written so that LLVM
-# vectorises the loops that call them (~0.25 ns per float32).  n = round(x / ln 2) comes
-# from the "magic number" 1.5 * 2**23 (2**52): adding it rounds to an integer, whose bits
-# are then the low bits of the sum, so no float -> int conversion is needed.  Max error on
-# [-30, 0]: 1.0 ulp in float32 and in float64 (numpy's own float32 exp: 2.4 ulp).
-#
-# Only for x <= 0 (or NaN), the softmax's arguments: large positive x is not handled.
-# Results below the smallest normal number are flushed to 0: they are probabilities
-# < 1e-38 (1e-308) next to the row maximum's 1, far below one ulp of the row sum.
-
-
-@intrinsic
-def _bits_as_float(typingctx, bits):
-    """Reinterpret an int32 (int64) as the float32 (float64) with the same bits."""
-    if bits == types.int32:
-        sig, llvm_type = types.float32(bits), ir.FloatType()
-    elif bits == types.int64:
-        sig, llvm_type = types.float64(bits), ir.DoubleType()
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return sig, codegen
-
-
-@intrinsic
-def _float_bits(typingctx, x):
-    """Reinterpret a float32 (float64) as the int32 (int64) with the same bits."""
-    if x == types.float32:
-        sig, llvm_type = types.int32(x), ir.IntType(32)
-    elif x == types.float64:
-        sig, llvm_type = types.int64(x), ir.IntType(64)
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return sig, codegen
-
-
-_f32 = np.float32
-_ROUND_32 = _f32(1.5 * 2**23)
-_LOG2E_32 = _f32(1.44269504088896341)
-_LN2_HI_32, _LN2_LO_32 = _f32(0.693359375), _f32(-2.12194440e-4)  # ln 2 in two parts
-_P0, _P1, _P2, _P3, _P4, _P5 = (
-    _f32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                      1.6666665459e-1, 5.0000001201e-1))
-_LO_32 = _f32(-87.33654)  # exp(_LO_32) is the smallest normal float32
-
-
-@njit(cache=True, fastmath=_EXACT_MATH)
-def _exp32(x):
-    """exp(x) for float32 x <= 0: 1 ulp, 0 below -87.34, NaN for NaN."""
-    xc = _LO_32 if x < _LO_32 else x
-    t = xc * _LOG2E_32 + _ROUND_32  # round(x / ln 2) + 1.5 * 2**23
-    n = t - _ROUND_32
-    r = xc - n * _LN2_HI_32
-    r = r - n * _LN2_LO_32
-    p = (((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5) * r * r + r + _f32(1)
-    two_to_n = _bits_as_float(np.int32((np.int64(_float_bits(t)) + 127) << 23))
-    return _f32(0) if x < _LO_32 else p * two_to_n
-
-
-_ROUND_64 = 1.5 * 2.0**52
-_LOG2E_64 = 1.4426950408889634
-_LN2_HI_64, _LN2_LO_64 = 6.93145751953125e-1, 1.42860682030941723212e-6
-_LO_64 = -708.3964185322641
-_T13, _T12, _T11, _T10, _T9, _T8, _T7, _T6, _T5, _T4, _T3, _T2 = (
-    1.0 / float(np.prod(np.arange(1, n + 1, dtype=np.float64))) for n in range(13, 1, -1))
-
-
-@njit(cache=True, fastmath=_EXACT_MATH)
-def _exp64(x):
-    """exp(x) for float64 x <= 0: 1 ulp, 0 below -708.4, NaN for NaN."""
-    xc = _LO_64 if x < _LO_64 else x
-    t = xc * _LOG2E_64 + _ROUND_64
-    n = t - _ROUND_64
-    r = xc - n * _LN2_HI_64
-    r = r - n * _LN2_LO_64
-    p = ((((((((((_T13 * r + _T12) * r + _T11) * r + _T10) * r + _T9) * r + _T8) * r + _T7) * r
-               + _T6) * r + _T5) * r + _T4) * r + _T3) * r + _T2
-    p = p * r * r + r + 1.0
-    two_to_n = _bits_as_float((_float_bits(t) + 1023) << 52)
-    return 0.0 if x < _LO_64 else p * two_to_n
-
-
-def fast_exp(x):
-    """exp of a float32 or float64 scalar inside Numba code (``_exp32`` / ``_exp64``)."""
-    raise NotImplementedError("fast_exp is only callable from Numba-compiled code")
-
-
-@overload(fast_exp)
-def _fast_exp_overload(x):
-    if x == types.float32:
-        return lambda x: _exp32(x)
-    if x == types.float64:
-        return lambda x: _exp64(x)
-    return None
-
-
-# --- the row maximum -----------------------------------------------------------------------
-# Taken in integers: LLVM vectorises a float max reduction only under 'nnan', which the
-# -inf masking cannot have, but it vectorises an integer one (~5x faster here).
-# key(x) = bits(x) ^ ((bits(x) >> 31) >>> 1) (arithmetic, then logical shift) orders the
-# floats as their values (-0 < +0 aside); a NaN's key lies above +inf or below -inf by its
-# sign bit, and NaNs are caught by the row sum anyway.  The map is its own inverse.
-
-
-def _flip_negatives(builder, bits):
-    sign = builder.ashr(bits, ir.Constant(bits.type, bits.type.width - 1))
-    return builder.xor(bits, builder.lshr(sign, ir.Constant(bits.type, 1)))
-
-
-@intrinsic
-def _max_key(typingctx, x):
-    """An int32 (int64) that orders as the float32 (float64) ``x`` does (see above)."""
-    if x == types.float32:
-        sig, int_type = types.int32(x), ir.IntType(32)
-    elif x == types.float64:
-        sig, int_type = types.int64(x), ir.IntType(64)
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return _flip_negatives(builder, builder.bitcast(args[0], int_type))
-
-    return sig, codegen
-
-
-@intrinsic
-def _from_max_key(typingctx, key):
-    """The float32 (float64) whose :func:`_max_key` is the int32 (int64) ``key``."""
-    if key == types.int32:
-        sig, float_type = types.float32(key), ir.FloatType()
-    elif key == types.int64:
-        sig, float_type = types.float64(key), ir.DoubleType()
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(_flip_negatives(builder, args[0]), float_type)
-
-    return sig, codegen
-
-
-# --- masks ----------------------------------------------------------------------------------
-
-
-def float_constants(x):
-    """``(0, 1, -inf)`` in the float type of ``x`` inside Numba code (compile-time constants).
-
-    A literal (0.0, 1, np.inf) is typed float64 or int64, which promotes float32 to float64;
-    and ``-1 / 0`` computed at run time is not safe under the kernels' fastmath flags: with
-    'nsz' the sign of a computed zero is unspecified, and LLVM may fold it to +inf.
-    """
-    raise NotImplementedError("float_constants is only callable from Numba-compiled code")
-
-
-@overload(float_constants)
-def _float_constants_overload(x):
-    if x == types.float32:
-        return lambda x: (np.float32(0), np.float32(1), np.float32(-np.inf))
-    if x == types.float64:
-        return lambda x: (0.0, 1.0, -np.inf)
-    return None
-
-
-def _mask_score(score, entry, neg_inf):
-    """``(masked score, visible)`` for one mask entry: bool (True = attend) or additive."""
-    raise NotImplementedError
-
-
-@overload(_mask_score)
-def _mask_score_overload(score, entry, neg_inf):
-    if isinstance(entry, types.Boolean):
-        return lambda score, entry, neg_inf: (score if entry else neg_inf, entry)
-    return lambda score, entry, neg_inf: (
-        (score + entry, True) if entry != neg_inf else (neg_inf, False))
-
-
-def _adds_to_scores(mask):
-    """True for an additive (float) mask, False for a bool one: a compile-time constant."""
-    raise NotImplementedError
-
-
-@overload(_adds_to_scores)
-def _adds_to_scores_overload(mask):
-    adds = not isinstance(mask.dtype, types.Boolean)
-    return lambda mask: adds
-
-
-@njit(cache=True)
-def _mask_tile_count(mask, start, stride_i, stride_j, rows, cols, neg_inf):
-    """How many of the ``rows`` x ``cols`` mask entries from ``start`` let a key be seen."""
-    count = 0
-    for r in range(rows):
-        row = start + r * stride_i
-        for c in range(cols):
-            count += _mask_score(neg_inf, mask[row + c * stride_j], neg_inf)[1]
-    return count
-
-
-# --- the two tile products ------------------------------------------------------------------
-
-
-#: Terms per partial sum of the dot products in the loops below: blocked summation keeps
-#: their rounding error near the BLAS's (a plain running sum over D = 64 terms has twice it).
-_SUM_BLOCK = 8
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def _scores_by_loops(q_blk, k_tile, s):
-    """s = q_blk · k_tileᵀ without a BLAS: (n, D) x (m, D) -> (n, m)."""
-    n, D = q_blk.shape
-    m = k_tile.shape[0]
-    kt = np.empty((D, m), dtype=k_tile.dtype)  # keys along the fast axis: vectorises over keys
-    for j in range(m):
-        for d in range(D):
-            kt[d, j] = k_tile[j, d]
-    part = np.empty(m, dtype=s.dtype)
-    for r in range(n):
-        s_row = s[r]
-        s_row[:] = 0
-        for d0 in range(0, D, _SUM_BLOCK):
-            part[:] = 0
-            for d in range(d0, min(d0 + _SUM_BLOCK, D)):
-                a = q_blk[r, d]
-                kt_row = kt[d]
-                for j in range(m):
-                    part[j] += a * kt_row[j]
-            for j in range(m):
-                s_row[j] += part[j]
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def _values_by_loops(p, v_tile, o):
-    """o = p · v_tile without a BLAS: (n, m) x (m, Dv) -> (n, Dv).
-
-    Keys with p = 0 (hidden, dropped or underflowed) are skipped, so a hidden value is
-    never read and the sum over the others does not depend on what it holds: NaN stored
-    there leaves the result bit-identical.
-    """
-    n, m = p.shape
-    part = np.empty(o.shape[1], dtype=o.dtype)
-    for r in range(n):
-        o_row = o[r]
-        o_row[:] = 0
-        for j0 in range(0, m, _SUM_BLOCK):
-            part[:] = 0
-            for j in range(j0, min(j0 + _SUM_BLOCK, m)):
-                a = p[r, j]
-                if a == 0:
-                    continue
-                v_row = v_tile[j]
-                for d in range(part.shape[0]):
-                    part[d] += a * v_row[d]
-            for d in range(part.shape[0]):
-                o_row[d] += part[d]
-
-
-@njit(cache=True)
-def _scores_by_blas(q_blk, k_tile, s):
-    """s = q_blk · k_tileᵀ by the BLAS (SciPy's, through Numba's np.dot)."""
-    np.dot(q_blk, k_tile.T, s)
-
-
-@njit(cache=True)
-def _values_by_blas(p, v_tile, o):
-    """o = p · v_tile by the BLAS."""
-    np.dot(p, v_tile, o)
-
-
-# The kernels take an argument ``blas``: True for the BLAS, None for the loops.  Numba
-# prunes a branch on ``blas is None`` before typing when ``blas`` is None, so the
-# loops-only kernel compiles (and runs) without SciPy; and the two are compiled and cached
-# under different signatures, so a cache written with SciPy never serves a process
-# without it.
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def _all_finite(x):
-    """True if every entry of the 2-D array ``x`` is finite (x · 0 is NaN for inf and NaN)."""
-    total = x[0, 0] * 0
-    for r in range(x.shape[0]):
-        for c in range(x.shape[1]):
-            total += x[r, c] * 0
-    return total == 0
-
-
-# --- the online softmax of one row, shared with the kernel with mods (_numba_mods) ----------
-
-
-# The two per-tile helpers are inlined into the kernels' Numba IR: as separate functions
-# (17 arguments, arrays passed field by field) the plain forward was ~5% slower at L=4096,
-# inlined ~2% (quiet machine, side by side with the previous kernel).
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
-def _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan, correction,
-                 threshold, keep_scale, seed, b, h, i, j0):
-    """The online-softmax update of block row ``r`` (tile row ``rr``) by one key tile.
-
-    ``s_row`` holds the tile's masked scores (``-inf`` where hidden), ``key_max`` their
-    :func:`_max_key` maximum and ``n_visible`` how many are visible; only keys ``[0, hi)``
-    may be visible.  Replaces ``s_row`` by P = exp(s - m_new) (after dropout: 0 or
-    P / (1 - p)), sets ``correction[rr] = exp(m_old - m_new)`` and updates the running
-    maximum, sum and NaN flag of the row.  A row that sees no key of the tile gets P = 0.
-    """
-    zero, one, neg_inf = float_constants(keep_scale)
-    correction[rr] = one
-    if n_visible == 0:  # the row sees no key of this tile
-        s_row[:] = zero
-        return
-    tile_max = _from_max_key(key_max)  # ignores some NaNs: caught by the sum
-    m_old = row_max[r]
-    m_new = max(m_old, tile_max)
-    if m_new > m_old:
-        correction[rr] = fast_exp(m_old - m_new)
-        row_max[r] = m_new
-    total = zero
-    for c in range(s_row.shape[0]):
-        p = fast_exp(s_row[c] - m_new)
-        s_row[c] = p
-        total += p
-    # A visible NaN score makes the sum NaN; a visible +inf score is NaN in the reference
-    # (exp(inf - inf)): either way the row is NaN.
-    if total != total or tile_max == -neg_inf:
-        row_nan[r] = True
-    row_sum[r] = row_sum[r] * correction[rr] + total
-    if threshold > 0:  # dropout: after the sum, which counts every weight
-        for c in range(hi):
-            if _dropout_bits(seed, b, h, i, j0 + c) < threshold:
-                s_row[c] = zero
-            else:
-                s_row[c] *= keep_scale
-
-
-@njit(cache=True, fastmath=_FASTMATH, inline="always")
-def _rescale_add(acc, o, correction, r_lo):
-    """acc[r_lo + rr] = acc[r_lo + rr] · correction[rr] + o[rr] for every tile row rr."""
-    for rr in range(o.shape[0]):
-        c_r = correction[rr]
-        acc_row = acc[r_lo + rr]
-        for d in range(o.shape[1]):
-            acc_row[d] = acc_row[d] * c_r + o[rr, d]
-
-
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
-def _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse, b, h, i0):
-    """Write the block's rows i0, i0 + 1, ...: out = acc / ℓ, lse = m + log ℓ (-inf for a
-    row that sees no key, NaN for a NaN row) and, if wanted, the weights from the raw
-    scores stored in ``weights``."""
-    zero, one, neg_inf = float_constants(row_sum[0])
-    for r in range(acc.shape[0]):
-        i = i0 + r
-        nan_row = row_nan[r]
-        inv_sum = zero
-        if row_sum[r] > zero:
-            inv_sum = one / row_sum[r]
-        for d in range(acc.shape[1]):
-            out[b, h, i, d] = acc[r, d] * inv_sum if not nan_row else zero / zero
-        lse[b, h, i] = row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf
-        if nan_row:
-            lse[b, h, i] = zero / zero
-        if want_weights:
-            m = row_max[r]
-            for j in range(weights.shape[3]):
-                score = weights[b, h, i, j]
-                if nan_row:
-                    weights[b, h, i, j] = zero / zero
-                elif score == neg_inf:
-                    weights[b, h, i, j] = zero
-                else:
-                    weights[b, h, i, j] = fast_exp(score - m) * inv_sum
-
-
 # --- the kernel -----------------------------------------------------------------------------
 
 
@@ -467,25 +112,12 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
     """Attention for query rows [i0, i1) of batch b, head h (the online softmax).
 
     Also writes ``lse[b, h, i] = m + log ℓ`` (-inf for a row that sees no key)."""
-    dtype = q.dtype
-    hk = h // (q.shape[1] // k.shape[1])
     Dv = v.shape[3]
     n_rows = i1 - i0
     zero, one, neg_inf = float_constants(scale)  # in the input dtype
-    correction = np.ones(n_rows, dtype=dtype)  # exp(m_old - m_new) of the current tile
-    s_buf = np.empty(n_rows * max(block_k, diag_k), dtype=dtype)  # scores, then P, of a tile
-    o_buf = np.empty((n_rows, Dv), dtype=dtype)  # P · V of a tile
-    acc = np.zeros((n_rows, Dv), dtype=dtype)  # unnormalised output rows
-    row_max = np.full(n_rows, neg_inf, dtype=dtype)  # running max m
-    row_sum = np.zeros(n_rows, dtype=dtype)  # running sum ℓ
-    row_nan = np.zeros(n_rows, dtype=np.bool_)  # a visible score was NaN (or +inf)
-    q_blk = q[b, h, i0:i1]  # (n_rows, D)
-
-    key_end = key_lengths[b]
-    if causal:
-        key_end = min(key_end, i1 + causal_offset)  # the last row sees keys < i1 + offset
-    mask_b = b * mask_strides[0] + h * mask_strides[1]
-    mask_i, mask_j = mask_strides[2], mask_strides[3]
+    (hk, q_blk, key_end, mask_b, mask_i, mask_j, correction, s_buf, o_buf, acc, row_max,
+     row_sum, row_nan) = _block_state(q, k, key_lengths, mask_strides, causal, causal_offset,
+                                      scale, b, h, i0, i1, max(block_k, diag_k), Dv)
 
     j0 = 0
     while j0 < key_end:  # key tiles [j0, j1)
@@ -619,71 +251,6 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
                               diag_k, blas, lse)
 
 
-# --- launching ------------------------------------------------------------------------------
-
-# Numba's 'workqueue' threading layer aborts the process if two Python threads launch
-# parallel kernels at once; 'omp' and 'tbb' are thread-safe.  Numba picks tbb > omp >
-# workqueue.  Launches are serialised only when the layer in use is workqueue (or not yet
-# chosen: the first launch picks it).
-_launch_lock = threading.Lock()
-
-
-def launch_guard():
-    try:
-        layer = numba.threading_layer()
-    except ValueError:  # no parallel kernel has run yet
-        layer = None
-    return nullcontext() if layer in ("omp", "tbb") else _launch_lock
-
-
-# The BLAS must run single-threaded inside Numba's threads: a multi-threaded OpenBLAS
-# (pthreads build, as SciPy's wheels ship) called from Numba's OpenMP threads
-# oversubscribes the cores and prints "OpenBLAS Warning : Detect OpenMP Loop and this
-# application may hang".  OpenBLAS runs a GEMM on the calling thread when its thread
-# count is 1, so every parallel launch sets SciPy's BLAS (the one Numba's np.dot calls)
-# to 1 thread and restores it when the last concurrent launch ends.
-_blas_lock = threading.Lock()
-#: Largest M·N·K that OpenBLAS runs on one thread whatever its setting (interface/gemm.c:
-#: SMP_THRESHOLD_MIN 65536 x GEMM_MULTITHREAD_THRESHOLD 4).
-_BLAS_SINGLE_THREADED_WORK = 65536 * 4
-_blas_state = {"users": 0, "saved": [], "controllers": None}
-
-
-def _numba_blas_controllers():
-    """threadpoolctl controllers of the BLAS libraries that SciPy (so Numba's np.dot) uses."""
-    if _blas_state["controllers"] is None:
-        import scipy.linalg.cython_blas  # noqa: F401  (loads SciPy's BLAS)
-        from threadpoolctl import ThreadpoolController
-
-        blas = [lib for lib in ThreadpoolController().lib_controllers
-                if lib.user_api == "blas"]
-        scipy_own = [lib for lib in blas if "scipy" in lib.filepath.replace("scipy_openblas", "")]
-        _blas_state["controllers"] = scipy_own or blas
-    return _blas_state["controllers"]
-
-
-@contextmanager
-def single_threaded_blas():
-    """Hold SciPy's BLAS at one thread while at least one launch runs."""
-    with _blas_lock:
-        if _blas_state["users"] == 0:
-            controllers = _numba_blas_controllers()
-            _blas_state["saved"] = [(lib, lib.num_threads) for lib in controllers]
-            for lib in controllers:
-                if lib.num_threads != 1:
-                    lib.set_num_threads(1)
-        _blas_state["users"] += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_state["users"] -= 1
-            if _blas_state["users"] == 0:
-                for lib, n in _blas_state["saved"]:
-                    if n != 1:
-                        lib.set_num_threads(n)
-
-
 def block_rows(problem: AttentionProblem, threads: int) -> int:
     """Query rows per task: ``BLOCK_Q``, halved (not below ``MIN_BLOCK_Q``) until each of
     ``threads`` threads has two tasks."""
@@ -710,8 +277,27 @@ def _mask_arguments(problem: AttentionProblem, dtype):
     return mask.reshape(-1), np.array(strides, dtype=np.int64), True
 
 
+def _micro_block(problem: AttentionProblem, parallel, use_blas, micro):
+    """The register block of the micro-kernel path for this call, or None for the tiles here.
+
+    The path computes no mask, dropout or weights and runs parallel; it is taken where
+    ``micro`` is True (the planned block, else the dtype's default), or where ``micro`` and
+    ``use_blas`` are None, the problem is not small and the planner chose it for this
+    machine (:func:`kernels._microplan.block_for`).
+    """
+    if (micro is False or problem.mask is not None or problem.dropout_p
+            or problem.return_weights or parallel is False):
+        return None
+    if micro:
+        stored = _microplan.stored_choice(problem.dtype)
+        return stored if isinstance(stored, tuple) else _microkernel.CONFIGS[problem.dtype][0]
+    if use_blas is not None or (parallel is None and is_small(problem)):
+        return None
+    return _microplan.block_for(problem)
+
+
 def run(problem: AttentionProblem, *, parallel: bool | None = None,
-        use_blas: bool | None = None, return_lse: bool = False):
+        use_blas: bool | None = None, return_lse: bool = False, micro: bool | None = None):
     """Fused attention for a validated problem; returns ``(out, weights or None)``.
 
     With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq), the log-sum-exp of
@@ -725,12 +311,21 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         problems (see ``SERIAL_WORK_LIMIT``), parallel otherwise.
     use_blas : bool, optional
         Compute the tile products with the BLAS (True) or with Numba loops (False);
-        default: the BLAS where SciPy is installed (``HAVE_BLAS``).
+        default: the BLAS where SciPy is installed (``HAVE_BLAS``), unless the micro-kernel
+        path is taken.
+    micro : bool, optional
+        Take the register-blocked micro-kernel path (:mod:`kernels._microkernel`: no
+        mask, dropout or weights; parallel) if True, never if False; default: where the
+        planner chose it for this machine and dtype (see :func:`_micro_block`).
     """
     if problem.score_mod is not None or problem.mask_mod is not None:
         from ._numba_mods import run as run_mods  # the kernel with the mods compiled in
 
         return run_mods(problem, parallel=parallel, use_blas=use_blas, return_lse=return_lse)
+    config = _micro_block(problem, parallel, use_blas, micro)
+    if config is not None:
+        out, lse = _microkernel.run(problem, config)
+        return (out, None, lse) if return_lse else (out, None)
     use_blas = HAVE_BLAS if use_blas is None else bool(use_blas)
     B, H, _, Lq, Lk, _, Dv = problem.shape
     dtype = problem.dtype.type

@@ -3,9 +3,11 @@
 Side by side, interleaved (:func:`attnbench.measure.timing.interleaved`: every round times
 each function once, in a rotating order, warm-up and calibration excluded), per point:
 
-- ``numba``: the numba backend as shipped (:func:`kernels.numba_cpu.run`, parallel);
-- ``micro``: the micro-kernel path (:mod:`kernels._microkernel`), register block chosen by
-  its planner (:func:`kernels._microplan.plan`: timed once per machine and dtype, persisted);
+- ``numba``: the numba backend on its BLAS tiles (:func:`kernels.numba_cpu.run`, parallel,
+  ``micro=False``: the backend where the planner chose "blas" or nothing is planned);
+- ``micro``: the micro-kernel path (:mod:`kernels._microkernel`; the backend where the
+  planner chose it), register block chosen by its planner (:func:`kernels._microplan.plan`:
+  timed once per machine and dtype, persisted);
 - ``floor``: the numba backend's BLAS tile GEMMs alone
   (:func:`attnbench.bench.gemm_floor.tile_gemms`; non-causal only);
 - ``torch``: PyTorch's SDPA on the CPU (where installed), same threads.
@@ -64,7 +66,7 @@ def calls(L: int, causal: bool, dtype, heads: int, head_dim: int, config) -> tup
     q, k, v = (rng.standard_normal((1, heads, L, head_dim)).astype(dtype) for _ in range(3))
     problem = kernels.prepare(q, k, v, causal=causal)
     fns = {
-        "numba": lambda: numba_cpu.run(problem, parallel=True)[0],
+        "numba": lambda: numba_cpu.run(problem, parallel=True, micro=False)[0],
         "micro": lambda: _microkernel.attention(q, k, v, causal=causal, config=config),
     }
     if not causal and gemm_floor.measurable(q, k, v):

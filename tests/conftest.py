@@ -8,8 +8,21 @@ NUMBA_ENABLE_CUDASIM yourself to override.
 
 import os
 
+import pytest
+
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _numba_backend_on_its_blas_tiles(monkeypatch):
+    """Every test sees the numba backend's BLAS tile path and never plans, whatever this
+    machine stored: the tests of the micro-kernel dispatch set the choice themselves."""
+    from kernels import _microplan
+
+    not_planned = {d: _microplan.NOT_PLANNED for d in _microplan._DTYPES}
+    monkeypatch.setattr(_microplan, "_CHOICES", not_planned)
+    monkeypatch.setattr(_microplan, "PLAN_WORK_LIMIT", float("inf"))
 
 
 def pytest_terminal_summary(terminalreporter):

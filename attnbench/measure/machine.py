@@ -28,6 +28,7 @@ from numba import njit, prange
 from threadpoolctl import threadpool_info
 
 from attnbench.measure.timing import measure
+from kernels import attention_plan
 
 __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
            "machine_columns", "machine_record"]
@@ -185,7 +186,10 @@ def machine_record() -> dict:
         ``python``, ``numpy``, ``numba``, ``pandas``, ``threadpoolctl``, ``torch`` and
         ``numba_cuda`` (``None`` when not installed), ``hostname``, ``platform`` and
         ``machine``, and ``gemm_peak_probes`` (:func:`gemm_peak_record`: the GEMM peak
-        probes taken so far in this process).
+        probes taken so far in this process), and ``attention_plan``
+        (:func:`kernels.attention_plan`: per dtype, the numba backend's tile-product path
+        on this machine, ``"8x16"`` (the micro-kernel's register block), ``"blas"`` or
+        ``"not planned"``; read when the record is made, never planned for it).
 
     Notes
     -----
@@ -193,7 +197,8 @@ def machine_record() -> dict:
     ``numba.set_num_threads`` is not reflected.  The ``torch`` version is read from the
     installed metadata unless torch is already imported (importing it takes seconds).
     """
-    return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record()}
+    return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record(),
+            "attention_plan": attention_plan()}
 
 
 def _blas_summary(blas: list[dict]) -> str:
@@ -238,6 +243,8 @@ def summary_lines(record: dict | None = None) -> list[str]:
         f"Numba      {record['numba']}: {record['numba_threads']} threads, "
         f"{record['numba_threading_layer']} layer",
         f"BLAS       {_blas_summary(record['blas'])}",
+        "Tiles      numba backend's tile products: " + ", ".join(
+            f"{dtype} {path}" for dtype, path in record.get("attention_plan", {}).items()),
         f"Versions   python {record['python']}, numpy {record['numpy']}, "
         f"pandas {record['pandas']}, torch {record['torch']}",
         f"Host       {record['hostname']} ({record['platform']})",
