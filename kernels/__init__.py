@@ -51,6 +51,7 @@ __all__ = [
     "attention_backward",
     "attention_plan",
     "plan",
+    "plan_needed",
     "prepare",
     "mods",
     "softmax",
@@ -221,6 +222,27 @@ def plan(dtypes=("float32", "float64")) -> dict:
     from . import _microplan  # imports Numba: only when asked
 
     return _microplan.plan_all(tuple(np.dtype(d) for d in dtypes))
+
+
+def plan_needed(shape, dtype) -> bool:
+    """Whether a numba call of this shape would plan first (see :func:`plan`).
+
+    True where no choice is stored for ``dtype`` (here or beside Numba's cache) and the
+    call's work, B·H·Lq·Lk·(D + Dv) multiply-adds, reaches the planning limit.  A harness
+    that times such calls plans ahead (:func:`plan`), so that no timed call pays for it and
+    one run does not mix the two tile paths.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        ``(B, H, Lq, Lk, D, Dv)``.
+    dtype : dtype-like
+    """
+    from . import _microplan  # imports Numba: only when asked
+
+    B, H, Lq, Lk, D, Dv = shape
+    return (_microplan.stored_choice(dtype) is None
+            and B * H * Lq * Lk * (D + Dv) >= _microplan.PLAN_WORK_LIMIT)
 
 
 def attention_plan() -> dict:

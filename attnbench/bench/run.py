@@ -90,6 +90,7 @@ from attnbench.measure.machine import (
     gemm_peak_gflops,
     machine_columns,
     machine_record,
+    plan_ahead,
     summary_lines,
 )
 from attnbench.measure.problems import (
@@ -152,6 +153,18 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
     return rows
 
 
+def _planned_shapes(config: BenchConfig):
+    """The largest numba forward problems of the bench, per dtype, for
+    :func:`attnbench.measure.machine.plan_ahead`."""
+    B, H, D = config.batch, config.heads, config.head_size
+    for dtype, lengths in (("float32", config.lengths + (config.padding_length,
+                                                         config.parallel_length)),
+                           ("float64", config.float64_lengths)):
+        if lengths:
+            L = max(lengths)
+            yield "numba", (B, H, L, L, D, D), dtype
+
+
 def run_bench(config: BenchConfig | None = None, *,
               progress: Callable[[str], None] = print) -> tuple[pd.DataFrame, dict]:
     """Run every section of the bench; returns ``(table, meta)``.
@@ -178,6 +191,7 @@ def run_bench(config: BenchConfig | None = None, *,
         peers.peer_status("torch")  # import torch before Numba's threads start: see below
     threads = config.threads or numba.get_num_threads()
     started = time.perf_counter()
+    plan_ahead(_planned_shapes(config))  # no timed call plans: see plan_ahead
     load_before = load_average()
     rows: list[dict] = []
     with limit_threads(threads, torch="torch" in config.peers):

@@ -31,7 +31,7 @@ from attnbench.measure.timing import measure
 from kernels import attention_plan
 
 __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
-           "machine_columns", "machine_record"]
+           "machine_columns", "machine_record", "plan_ahead"]
 
 #: Environment variables that change how the BLAS or Numba run; recorded when set.
 RECORDED_ENV_VARS = (
@@ -311,3 +311,37 @@ def gemm_peak_record() -> dict:
     return {key: {"gflops": max(values), "probes": len(values),
                   "readings": [round(value, 3) for value in values]}
             for key, values in _PEAK_READINGS.items()}
+
+
+def plan_ahead(problems, *, out=sys.stderr) -> dict:
+    """Plan the numba backend's tile path before timing, where a timed call would plan.
+
+    A numba call of at least the planning limit's work plans at first use on a machine
+    with no stored choice (:func:`kernels.plan_needed`): 20-45 s inside a timed call, and
+    a switch of tile path in the middle of a sweep.  This plans those dtypes first, says
+    so on ``out``, and leaves smaller problems alone (they use the stored choice, or the
+    BLAS tiles until something plans).
+
+    Parameters
+    ----------
+    problems : iterable of (backend, shape, dtype)
+        ``shape`` as :func:`kernels.plan_needed` takes it, ``(B, H, Lq, Lk, D, Dv)``.
+    out : file, default sys.stderr
+        Where the notice goes (None: silent).
+
+    Returns
+    -------
+    dict
+        :func:`kernels.attention_plan` afterwards.
+    """
+    import kernels
+
+    dtypes = sorted({str(dtype) for backend, shape, dtype in problems
+                     if backend == "numba" and kernels.plan_needed(shape, dtype)})
+    if dtypes:
+        if out is not None:
+            print(f"Planning the numba backend's tile products for {', '.join(dtypes)} on "
+                  "this machine (once: the choice is stored beside Numba's cache; "
+                  "~20-45 s) ...", file=out, flush=True)
+        kernels.plan(dtypes)
+    return attention_plan()

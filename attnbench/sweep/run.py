@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.measure.machine import gemm_peak_gflops, machine_columns
+from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ahead
 from attnbench.measure.probe import default_probe
 from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
 from attnbench.sweep.grid import Point
@@ -115,6 +115,8 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     SweepResult
     """
     started = time.perf_counter()
+    plan_ahead((p.backend, (p.batch, p.heads, p.L, p.L, p.d_k, p.d_k), p.dtype) for p in points
+               if p.direction == "forward" and p.variant == "none")  # no timed call plans
     load_start = load_average()
     rows, interrupted = [], False
     with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
