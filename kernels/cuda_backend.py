@@ -13,7 +13,8 @@ This module configures and launches the kernel; the pieces live beside it:
 Entry points: :func:`run` (a validated problem of NumPy arrays, what
 ``kernels.attention(..., backend="cuda")`` calls), :func:`attention_device` (device arrays
 in and out) and :func:`prepare_launch` (validate once, then launch only, for timing).
-The names the backward kernels and the kernel with mods build on are importable from here.
+The names the backward kernels, the kernel with mods and the tests build on are importable
+from here (the ``X as X`` imports re-export them).
 """
 
 from __future__ import annotations
