@@ -114,14 +114,14 @@ def pair_gradient(p, dpd, delta, threshold, keep_scale, seed, b, h, i, j):
 @njit(fastmath=_FASTMATH, error_model="numpy")
 def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_mask, causal,
                         causal_offset, scale, threshold, keep_scale, seed, b, h, i0, j0,
-                        cls, mods):
+                        cls, mask_fn, mask_args, score_fn, score_args, grad_fn):
     """The pairs of tile (rows i0.., keys j0..) of (b, h): ``s`` (S) becomes dS and ``dp``
     (dO · Vᵀ) becomes Pd; a hidden pair, and every pair of a row that sees no key, gets 0.
 
-    ``mods``: None, or the call's mod functions ``(mask_fn, tile_fn, mask_args, score_fn,
-    score_args, grad_fn)``: then the score function and its derivative apply to every pair,
-    and in a tile of class ``cls`` other than FULL every mask is checked on every pair.
-    Numba compiles only the branch that applies.
+    ``mask_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's mod
+    functions: then the score function and its derivative apply to every pair, and in a
+    tile of class ``cls`` other than FULL every mask is checked on every pair.  Numba
+    compiles only the branch for None when ``mask_fn`` is None.
     """
     zero, _, neg_inf = float_constants(scale)  # in the input dtype
     rows, nk = s.shape
@@ -131,7 +131,7 @@ def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_m
         delta = row_dot[b, h, i]
         s_row = s[r]
         dp_row = dp[r]
-        if mods is None:
+        if mask_fn is None:
             hi = nk  # keys [j0, j0 + hi) may be visible to row i
             if causal:
                 hi = max(min(nk, i + causal_offset + 1 - j0), 0)
@@ -160,7 +160,6 @@ def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_m
                 s_row[c] = zero
                 dp_row[c] = zero
         else:
-            mask_fn, _, mask_args, score_fn, score_args, grad_fn = mods
             m0 = mask_b + i * mask_i + j0 * mask_j
             for c in range(nk):
                 jj = j0 + c

@@ -27,8 +27,8 @@ where it is hidden reaches no gradient, and the BLAS path stays the same (and so
 bit of the result) whatever the hidden entries hold.
 
 A call with :mod:`kernels.mods` functions runs the same kernel with the functions passed in
-(``mods``; the tile pieces are in :mod:`kernels._numba_backward_tiles`, the mod arguments
-come from :mod:`kernels._numba_mods_backward`); without them ``mods`` is None and Numba
+(the tile pieces are in :mod:`kernels._numba_backward_tiles`, the mod arguments come from
+:mod:`kernels._numba_mods_backward`); without them those arguments are None and Numba
 compiles only the branches for None, so the plain kernel is cached on disk and has no
 check of a mod function.
 """
@@ -39,8 +39,7 @@ from contextlib import nullcontext
 
 import numba
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from numba import njit, prange
 
 from . import _numba_mods_backward, numba_cpu
 from ._dropout import dropout_threshold
@@ -79,12 +78,15 @@ SERIAL_WORK_LIMIT = 1 << 20
 @njit(fastmath=_FASTMATH, error_model="numpy")
 def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-               b, hk, j0, j1, block_q, blas, mods):
+               b, hk, j0, j1, block_q, blas,
+               mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``).
 
-    ``mods``: None, or the call's mod functions ``(mask_fn, tile_fn, mask_args, score_fn,
-    score_args, grad_fn)``; with them a tile is classified by every mask (an EMPTY one is
-    not read, a FULL one needs no check per pair) and its pairs go through the functions.
+    ``mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's
+    mod functions (:func:`kernels._numba_mods_backward.mod_functions`); with them a tile is
+    classified by every mask (an EMPTY one is not read, a FULL one needs no check per pair)
+    and its pairs go through the functions.  Numba prunes the branches of ``mask_fn is
+    None`` when ``mask_fn`` is None, so the kernel without mods has none of their code.
     """
     H, Lq = q.shape[1], q.shape[2]
     group = H // k.shape[1]
@@ -105,12 +107,12 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
             i1 = min(i0 + block_q, Lq)
             rows = i1 - i0
             cls = FULL  # without mods, a tile needs no class
-            if mods is None:
+            if mask_fn is None:
                 if has_mask and _mask_tile_count(mask, mask_b + i0 * mask_i + j0 * mask_j,
                                                  mask_i, mask_j, rows, nk, neg_inf) == 0:
                     continue  # the mask hides the whole tile
             else:
-                cls = _classify(b, h, i0, i1, j0, j1, mods[1], mods[2], causal, causal_offset,
+                cls = _classify(b, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset,
                                 mask, mask_b, mask_i, mask_j, has_mask, neg_inf)
                 if cls == EMPTY:
                     continue  # nothing of the tile is visible: nothing of it is read
@@ -122,27 +124,11 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
             tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas)
             tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_mask,
                                 causal, causal_offset, scale, threshold, keep_scale, seed,
-                                b, h, i0, j0, cls, mods)
+                                b, h, i0, j0, cls, mask_fn, mask_args, score_fn, score_args,
+                                grad_fn)
             add_tile_gradients(s, dp, q_blk, do_blk, k_clean, dq_buf, dk_t, dv_t, dk_acc,
                                dv_acc, dq, b, h, i0, blas)
     store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale)
-
-
-def _as_mods(mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
-    """The mod functions as the one argument ``mods`` of :func:`_key_block`, or None when
-    ``mask_fn`` is None (a call without mods); decided by type when Numba compiles the
-    caller.  They travel apart up to here because a parallel loop cannot take a tuple that
-    holds a tuple (``mask_args``)."""
-    return None if mask_fn is None else (mask_fn, tile_fn, mask_args, score_fn, score_args,
-                                         grad_fn)
-
-
-@overload(_as_mods)
-def _as_mods_typed(mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
-    if isinstance(mask_fn, types.NoneType):
-        return lambda mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn: None
-    return lambda mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn: (
-        mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
 @njit
@@ -151,7 +137,6 @@ def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_l
                 b, hk, first, step, block_q, block_k, blas,
                 mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     """Key blocks first, first + step, ... of (b, hk), up to the last key any row sees."""
-    mods = _as_mods(mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
     key_end = key_lengths[b]
     if causal:
         key_end = min(key_end, q.shape[2] + causal_offset)  # the last row sees keys < this
@@ -160,7 +145,8 @@ def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_l
         j0 = kb * block_k
         _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                    causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-                   b, hk, j0, min(j0 + block_k, key_end), block_q, blas, mods)
+                   b, hk, j0, min(j0 + block_k, key_end), block_q, blas,
+                   mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
 def _backward_parallel(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths,
