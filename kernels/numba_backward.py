@@ -25,6 +25,12 @@ copy; and dQ = dS · K uses a copy of K with its non-finite entries set to 0 (a 
 has dS = 0, a visible pair with a non-finite key has dS = NaN already).  So NaN stored
 where it is hidden reaches no gradient, and the BLAS path stays the same (and so does every
 bit of the result) whatever the hidden entries hold.
+
+A call with :mod:`kernels.mods` functions runs the same kernel with the functions passed in
+(the tile pieces are in :mod:`kernels._numba_backward_tiles`, the mod arguments come from
+:mod:`kernels._numba_mods_backward`); without them those arguments are None and Numba
+compiles only the branches for None, so the plain kernel is cached on disk and has no
+check of a mod function.
 """
 
 from __future__ import annotations
@@ -35,17 +41,23 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import numba_cpu
-from ._dropout import build_dropout_bits, dropout_threshold
-from ._mods_compile import run_user_code
+from . import _numba_mods_backward, numba_cpu
+from ._dropout import dropout_threshold
+from ._mods_compile import EMPTY, FULL, run_user_code
+from ._numba_backward_tiles import (
+    add_tile_gradients,
+    key_block_buffers,
+    load_rows,
+    store_key_block,
+    tile_pair_gradients,
+    tile_scores,
+)
+from ._numba_mods import _classify
 from ._validate import AttentionProblem
 from .numba_cpu import (
     _FASTMATH,
     _mask_arguments,
-    _mask_score,
     _mask_tile_count,
-    _scores_by_loops,
-    fast_exp,
     float_constants,
     launch_guard,
     single_threaded_blas,
@@ -60,148 +72,26 @@ BLOCK_K = 64
 #: Problems with fewer multiply-adds than this (B·H·Lq·Lk·(D+Dv)) run on the calling thread.
 SERIAL_WORK_LIMIT = 1 << 20
 
-_dropout_bits = build_dropout_bits(njit(cache=True))
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def _products_by_loops(ds, pd, q_blk, do_blk, k_tile, dq_t, dk_t, dv_t):
-    """dq_t = ds · k_tile, dk_t = dsᵀ · q_blk, dv_t = pdᵀ · do_blk, skipping zero entries.
-
-    The path without a BLAS: a pair with ds = 0 (pd = 0) adds nothing.
-    """
-    rows, nk = ds.shape
-    D = q_blk.shape[1]
-    Dv = do_blk.shape[1]
-    dq_t[:] = 0
-    dk_t[:] = 0
-    dv_t[:] = 0
-    for r in range(rows):
-        for c in range(nk):
-            a = ds[r, c]
-            if a != 0:
-                for d in range(D):
-                    dq_t[r, d] += a * k_tile[c, d]
-                for d in range(D):
-                    dk_t[c, d] += a * q_blk[r, d]
-            p = pd[r, c]
-            if p != 0:
-                for d in range(Dv):
-                    dv_t[c, d] += p * do_blk[r, d]
-
-
-# --- the pieces of a key block, shared with the kernel with mods (_numba_mods_backward) --------
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def key_block_buffers(k_tile, v_tile, block_q):
-    """The working arrays of a key block: ``(k_clean, dk_acc, dv_acc, s_buf, dp_buf, q_buf,
-    do_buf, dq_buf, dk_t, dv_t)``.
-
-    ``k_clean`` is K with its non-finite entries set to 0, for dQ = dS · K: a hidden pair
-    has dS = 0 and 0 · NaN would be NaN; a visible pair with a non-finite key has dS = NaN
-    anyway.  ``s_buf`` holds S, then dS; ``dp_buf`` dO · Vᵀ, then Pd; ``q_buf`` and
-    ``do_buf`` the q and dout rows of a query block (zero for a row that sees no key).
-    """
-    dtype = k_tile.dtype
-    nk, D = k_tile.shape
-    Dv = v_tile.shape[1]
-    zero = np.zeros(1, dtype=dtype)[0]
-    k_clean = np.empty((nk, D), dtype=dtype)
-    for c in range(nk):
-        for d in range(D):
-            x = k_tile[c, d]
-            k_clean[c, d] = x if x * 0 == 0 else zero
-    return (k_clean, np.zeros((nk, D), dtype=dtype), np.zeros((nk, Dv), dtype=dtype),
-            np.empty((block_q, nk), dtype=dtype), np.empty((block_q, nk), dtype=dtype),
-            np.empty((block_q, D), dtype=dtype), np.empty((block_q, Dv), dtype=dtype),
-            np.empty((block_q, D), dtype=dtype), np.empty((nk, D), dtype=dtype),
-            np.empty((nk, Dv), dtype=dtype))
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def load_rows(q, dout, lse, b, h, i0, q_blk, do_blk):
-    """Copy the q and dout rows i0, i0 + 1, ... of (b, h) into ``q_blk``, ``do_blk``; a row
-    that sees no key (lse = -inf) gets zeros: it is never read, so NaN there stays out."""
-    zero, _, neg_inf = float_constants(lse[b, h, i0])
-    for r in range(q_blk.shape[0]):
-        seen_any = lse[b, h, i0 + r] != neg_inf
-        for d in range(q_blk.shape[1]):
-            q_blk[r, d] = q[b, h, i0 + r, d] if seen_any else zero
-        for d in range(do_blk.shape[1]):
-            do_blk[r, d] = dout[b, h, i0 + r, d] if seen_any else zero
-
-
-@njit(cache=True)
-def tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas):
-    """s = q_blk · k_tileᵀ and dp = do_blk · v_tileᵀ (the BLAS, or loops when ``blas`` is None)."""
-    if blas is None:
-        _scores_by_loops(q_blk, k_tile, s)
-        _scores_by_loops(do_blk, v_tile, dp)
-    else:
-        np.dot(q_blk, k_tile.T, s)
-        np.dot(do_blk, v_tile.T, dp)
-
-
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
-def pair_gradient(p, dpd, delta, threshold, keep_scale, seed, b, h, i, j):
-    """``(dS, Pd)`` of a visible pair (i, j) with weight ``p`` and dO · vᵀ = ``dpd``:
-    Pd = P ∘ Z · κ and dS = P ∘ (dPd ∘ Z · κ − Δ), Z the dropout's keep decision."""
-    pd = p
-    if threshold > 0:
-        if _dropout_bits(seed, b, h, i, j) < threshold:
-            pd = float_constants(p)[0]
-            dpd = pd
-        else:
-            pd = p * keep_scale
-            dpd = dpd * keep_scale
-    return p * (dpd - delta), pd
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def add_tile_gradients(ds, pd, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t, dk_acc, dv_acc, dq,
-                       b, h, i0, blas):
-    """The three products of a tile: dK += dSᵀ · Q, dV += Pdᵀ · dO (into the key block's
-    accumulators) and dQ[b, h, i0:] += dS · K."""
-    rows = ds.shape[0]
-    dq_t = dq_t[:rows]
-    if blas is None:
-        _products_by_loops(ds, pd, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t)
-    else:
-        np.dot(ds, k_clean, dq_t)  # (rows, D)
-        np.dot(ds.T, q_blk, dk_t)  # (nk, D)
-        np.dot(pd.T, do_blk, dv_t)  # (nk, Dv)
-    for c in range(dk_t.shape[0]):
-        for d in range(dk_t.shape[1]):
-            dk_acc[c, d] += dk_t[c, d]
-        for d in range(dv_t.shape[1]):
-            dv_acc[c, d] += dv_t[c, d]
-    for r in range(rows):
-        for d in range(dq_t.shape[1]):
-            dq[b, h, i0 + r, d] += dq_t[r, d]
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale):
-    """dk[b, hk, j0:] = scale · dk_acc (the scale applied once), dv[b, hk, j0:] = dv_acc."""
-    for c in range(dk_acc.shape[0]):
-        for d in range(dk_acc.shape[1]):
-            dk[b, hk, j0 + c, d] = dk_acc[c, d] * scale
-        for d in range(dv_acc.shape[1]):
-            dv[b, hk, j0 + c, d] = dv_acc[c, d]
-
-
 # --- the kernel ----------------------------------------------------------------------------
 
 
-@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+@njit(fastmath=_FASTMATH, error_model="numpy")
 def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-               b, hk, j0, j1, block_q, blas):
-    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``)."""
+               b, hk, j0, j1, block_q, blas,
+               mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
+    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``).
+
+    ``mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's
+    mod functions (:func:`kernels._numba_mods_backward.mod_functions`); with them a tile is
+    classified by every mask (an EMPTY one is not read, a FULL one needs no check per pair)
+    and its pairs go through the functions.  Numba prunes the branches of ``mask_fn is
+    None`` when ``mask_fn`` is None, so the kernel without mods has none of their code.
+    """
     H, Lq = q.shape[1], q.shape[2]
     group = H // k.shape[1]
     nk = j1 - j0
-    zero, _, neg_inf = float_constants(scale)  # in the input dtype
+    _, _, neg_inf = float_constants(scale)  # in the input dtype
     k_tile = k[b, hk, j0:j1]  # (nk, D)
     v_tile = v[b, hk, j0:j1]  # (nk, Dv)
     (k_clean, dk_acc, dv_acc, s_buf, dp_buf, q_buf, do_buf, dq_buf, dk_t,
@@ -216,57 +106,36 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
         for i0 in range(i_start, Lq, block_q):
             i1 = min(i0 + block_q, Lq)
             rows = i1 - i0
-            if has_mask and _mask_tile_count(mask, mask_b + i0 * mask_i + j0 * mask_j,
-                                             mask_i, mask_j, rows, nk, neg_inf) == 0:
-                continue  # the mask hides the whole tile
+            cls = FULL  # without mods, a tile needs no class
+            if mask_fn is None:
+                if has_mask and _mask_tile_count(mask, mask_b + i0 * mask_i + j0 * mask_j,
+                                                 mask_i, mask_j, rows, nk, neg_inf) == 0:
+                    continue  # the mask hides the whole tile
+            else:
+                cls = _classify(b, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset,
+                                mask, mask_b, mask_i, mask_j, has_mask, neg_inf)
+                if cls == EMPTY:
+                    continue  # nothing of the tile is visible: nothing of it is read
             q_blk = q_buf[:rows]  # (rows, D)
             do_blk = do_buf[:rows]  # (rows, Dv)
             load_rows(q, dout, lse, b, h, i0, q_blk, do_blk)
             s = s_buf[:rows]  # (rows, nk)
             dp = dp_buf[:rows]
             tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas)
-            for r in range(rows):
-                i = i0 + r
-                row_lse = lse[b, h, i]
-                delta = row_dot[b, h, i]
-                s_row = s[r]
-                dp_row = dp[r]
-                hi = nk  # keys [j0, j0 + hi) may be visible to row i
-                if causal:
-                    hi = max(min(nk, i + causal_offset + 1 - j0), 0)
-                if row_lse == neg_inf:  # the row sees no key: it takes no part
-                    hi = 0
-                if has_mask or threshold > 0:
-                    m0 = mask_b + i * mask_i + j0 * mask_j
-                    for c in range(hi):
-                        x = s_row[c] * scale
-                        seen = True
-                        if has_mask:
-                            x, seen = _mask_score(x, mask[m0 + c * mask_j], neg_inf)
-                        ds = zero
-                        pd = zero
-                        if seen:
-                            ds, pd = pair_gradient(fast_exp(x - row_lse), dp_row[c], delta,
-                                                   threshold, keep_scale, seed, b, h, i, j0 + c)
-                        s_row[c] = ds
-                        dp_row[c] = pd
-                else:
-                    for c in range(hi):
-                        p = fast_exp(s_row[c] * scale - row_lse)
-                        s_row[c] = p * (dp_row[c] - delta)
-                        dp_row[c] = p
-                for c in range(hi, nk):
-                    s_row[c] = zero
-                    dp_row[c] = zero
+            tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_mask,
+                                causal, causal_offset, scale, threshold, keep_scale, seed,
+                                b, h, i0, j0, cls, mask_fn, mask_args, score_fn, score_args,
+                                grad_fn)
             add_tile_gradients(s, dp, q_blk, do_blk, k_clean, dq_buf, dk_t, dv_t, dk_acc,
                                dv_acc, dq, b, h, i0, blas)
     store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale)
 
 
-@njit(cache=True)
+@njit
 def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths, causal,
                 causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-                b, hk, first, step, block_q, block_k, blas):
+                b, hk, first, step, block_q, block_k, blas,
+                mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     """Key blocks first, first + step, ... of (b, hk), up to the last key any row sees."""
     key_end = key_lengths[b]
     if causal:
@@ -276,13 +145,14 @@ def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_l
         j0 = kb * block_k
         _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                    causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-                   b, hk, j0, min(j0 + block_k, key_end), block_q, blas)
+                   b, hk, j0, min(j0 + block_k, key_end), block_q, blas,
+                   mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
-@njit(parallel=True, cache=True)
 def _backward_parallel(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths,
                        causal, causal_offset, scale, threshold, keep_scale, seed, dq_parts,
-                       dk, dv, block_q, block_k, blas):
+                       dk, dv, block_q, block_k, blas,
+                       mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     B, Hkv = k.shape[0], k.shape[1]
     chunks = dq_parts.shape[0]
     for task in prange(B * Hkv * chunks):  # (batch, kv head, chunk of key blocks)
@@ -290,19 +160,29 @@ def _backward_parallel(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask
         chunk = task % chunks
         _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths,
                     causal, causal_offset, scale, threshold, keep_scale, seed, dq_parts[chunk],
-                    dk, dv, bhk // Hkv, bhk % Hkv, chunk, chunks, block_q, block_k, blas)
+                    dk, dv, bhk // Hkv, bhk % Hkv, chunk, chunks, block_q, block_k, blas,
+                    mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
-@njit(cache=True)
 def _backward_serial(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths,
                      causal, causal_offset, scale, threshold, keep_scale, seed, dq_parts,
-                     dk, dv, block_q, block_k, blas):
+                     dk, dv, block_q, block_k, blas,
+                     mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     B, Hkv = k.shape[0], k.shape[1]
     for b in range(B):
         for hk in range(Hkv):
             _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_lengths,
                         causal, causal_offset, scale, threshold, keep_scale, seed, dq_parts[0],
-                        dk, dv, b, hk, 0, 1, block_q, block_k, blas)
+                        dk, dv, b, hk, 0, 1, block_q, block_k, blas,
+                        mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
+
+
+# The entry points, (parallel, serial).  Without mods they are cached on disk; with mods
+# (functions among the arguments, which Numba's cache cannot find again in a new process:
+# it would only grow) the same code is compiled per process, without the cache.
+KERNELS = (njit(parallel=True, cache=True)(_backward_parallel),
+           njit(cache=True)(_backward_serial))
+KERNELS_WITH_MODS = (njit(parallel=True)(_backward_parallel), njit(_backward_serial))
 
 
 def key_chunks(problem: AttentionProblem, threads: int) -> int:
@@ -362,15 +242,13 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
         dq_parts, dk, dv, BLOCK_Q, BLOCK_K, True if use_blas else None,
     )
-    kernels, user_names = (_backward_parallel, _backward_serial), ()
+    kernels, mods, user_names = KERNELS, (None,) * 6, ()
     if problem.score_mod is not None or problem.mask_mod is not None:
-        from . import _numba_mods_backward  # the kernel with the mods compiled in
-
-        kernels, mod_args, user_names = _numba_mods_backward.launch(problem)
-        args += mod_args
+        kernels = KERNELS_WITH_MODS
+        mods, user_names = _numba_mods_backward.mod_functions(problem)
     blas_guard = single_threaded_blas() if use_blas else nullcontext()
     with launch_guard() if parallel else nullcontext(), blas_guard:
-        run_user_code(user_names, kernels[0] if parallel else kernels[1], *args)
+        run_user_code(user_names, kernels[0] if parallel else kernels[1], *args, *mods)
     dq = dq_parts[0] if chunks == 1 else dq_parts.sum(axis=0)
     dq *= dtype(problem.scale)
     return dq, dk, dv
