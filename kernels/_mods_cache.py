@@ -33,7 +33,7 @@ def _digest() -> str:
     here = pathlib.Path(__file__).parent
     h = hashlib.sha256()
     for name in ("_mods_cache.py", "_mods_compile.py", "_mods_masks.py", "_mods_scores.py",
-                 "_mods_block.py", "numba_cpu.py"):
+                 "_mods_block.py", "numba_cpu.py", "_numba_math.py", "_numba_tiles.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:12]
 

@@ -3,9 +3,8 @@
 import io
 
 import kernels
-from kernels import _microplan
-
 from attnbench.measure.machine import plan_ahead
+from kernels import _microplan
 
 
 def test_plan_needed_follows_the_work_limit_and_the_stored_choice(monkeypatch):
