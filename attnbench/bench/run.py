@@ -235,6 +235,7 @@ def command(args) -> int:
     config = config_from_args(args)
     if "torch" in config.peers:
         peers.peer_status("torch")  # before summary_lines starts Numba's threads
+    plan_ahead(_planned_shapes(config))  # before the header, so its "Tiles" line is true
     print("\n".join(summary_lines()), flush=True)
     table, meta = run_bench(config, progress=lambda line: print(line, file=sys.stderr,
                                                                 flush=True))
