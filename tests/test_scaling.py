@@ -198,3 +198,25 @@ def test_a_verdict_never_names_the_claimed_power_as_the_closest_one():
     outcome, text = verdict(fit(2.31, 0.02), "time", "L", 2)
     assert outcome == "not confirmed"
     assert "the whole interval lies above 2 ± 0.25" in text and "closest power" not in text
+
+
+def test_a_starved_point_makes_a_claimed_exponent_inconclusive():
+    from attnbench.studies.fits import PowerFit
+
+    fit = PowerFit(slope=2.0, intercept=0.0, stderr=0.01, ci95=0.02, n=7, r2=1.0,
+                   x_min=256, x_max=4096, ci_low=1.98, ci_high=2.02)
+    assert verdict(fit, "time", "L", 2)[0] == "confirmed"
+    outcome, text = verdict(fit, "time", "L", 2, starved=2)
+    assert outcome == "inconclusive" and "2 of 7 points" in text and "waited for cores" in text
+
+
+def test_the_scaling_table_counts_starved_points_per_series():
+    from .test_fits import sampled_sweep
+
+    table = sampled_sweep(np.random.default_rng(5)).assign(starved=False)
+    table.loc[(table["backend"] == "numba") & (table["L"] == 640), "starved"] = True
+    fits = scaling_table(table, quantities=("time",))
+    by = fits.set_index(["variable", "backend"])
+    assert by.loc[("L", "numba"), "starved_points"] == 1
+    assert by.loc[("L", "numba"), "outcome"] == "inconclusive"
+    assert by.loc[("L", "reference"), "outcome"] == "confirmed"

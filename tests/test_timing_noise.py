@@ -189,3 +189,51 @@ def test_interleaved_rotates_the_order_and_remeasures_noisy_functions():
     assert order[:6] == ["a", "b", "c", "b", "c", "a"]  # calibration, then round 1 from b
     assert all(not t.noisy and t.rounds > 4 for t in timings.values())
     assert len({t.runs for t in timings.values()}) == 1  # every round times every function
+
+
+class WaitingMachine(SyntheticMachine):
+    """A synthetic machine whose interference bursts make the process's threads wait for
+    a core: the extra wall time of a call in a burst is run-queue wait."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.waited = 0.0
+
+    def wait_clock(self):
+        return self.waited
+
+    def workload(self, true_seconds):
+        def call():
+            self.cpu += true_seconds
+            quiet = true_seconds * (1 + self.rng.exponential(self.noise))
+            self.waited += quiet * (self.slowdown() - 1)
+            self.now += quiet * self.slowdown()
+        return call
+
+    def clocks(self):
+        return {**super().clocks(), "wait_clock": self.wait_clock}
+
+
+def test_samples_whose_threads_waited_for_a_core_are_set_aside():
+    # a 2x burst over part of the run: tight inside, but every call there waited
+    machine = WaitingMachine(seed=3, noise=0.01, bursts=[(0.004, 0.012, 2.0)])
+    timing = measure(machine.workload(1e-3), repeat=20, number=1, max_time=math.inf,
+                     **machine.clocks())
+    assert timing.set_aside and max(timing.samples) < 1.2e-3  # the burst's samples left out
+    assert not timing.starved and timing.wait_share == 0
+
+
+def test_a_timing_taken_entirely_while_starved_says_so():
+    machine = WaitingMachine(seed=4, noise=0.01, bursts=[(0.0, math.inf, 3.0)])
+    timing = measure(machine.workload(1e-3), repeat=12, number=1, max_time=math.inf,
+                     **machine.clocks())
+    assert timing.rel_halfwidth < 0.03  # tight, and wrong by 3x: only the wait shows it
+    assert timing.starved and timing.noisy and timing.wait_share == pytest.approx(2 / 3)
+    assert timing.row_columns()["starved"] is True
+
+
+def test_the_run_queue_gauge_reads_this_process():
+    from attnbench.measure.probe import run_queue_wait
+
+    first = run_queue_wait()
+    assert math.isnan(first) or (first >= 0 and run_queue_wait() >= first)

@@ -15,15 +15,42 @@ process holds; the samples' own spread (the ``noisy`` flag) shows that.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["PROBE_TOLERANCE", "Probe", "default_probe", "fault"]
+__all__ = ["PROBE_TOLERANCE", "WAIT_TOLERANCE", "Probe", "default_probe", "fault",
+           "run_queue_wait"]
 
 #: A probe slower than its best time by more than this fraction means interference.
 PROBE_TOLERANCE = 0.3
+#: A sample during which the process's threads waited for a core, in all, for more than
+#: this fraction of its wall time was starved: another process held the cores.
+WAIT_TOLERANCE = 0.1
+
+
+def run_queue_wait() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a core, in all.
+
+    The sum of the second field of ``/proc/self/task/*/schedstat`` (Linux).  A parallel
+    call whose worker is pre-empted by another process waits a scheduler slice for it:
+    its time rises in steps while its samples stay tight and a single-threaded probe sees
+    nothing; this counter sees exactly that wait.  nan where it cannot be read.
+    """
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return math.nan
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as handle:
+                total += int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total * 1e-9
 
 Clock = Callable[[], float]
 

@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from attnbench.measure.intervals import format_samples, median_interval
-from attnbench.measure.probe import PROBE_TOLERANCE
+from attnbench.measure.probe import PROBE_TOLERANCE, WAIT_TOLERANCE
 
 __all__ = ["NOISE_TARGET", "Timing"]
 
@@ -38,6 +38,7 @@ class Timing:
     target: float = NOISE_TARGET  # relative interval half-width aimed at
     probe_slowdown: float = math.nan  # median probe time / its best (nan: no probe)
     set_aside: tuple[float, ...] = field(default=(), repr=False)  # disturbed samples
+    wait_samples: tuple[float, ...] = ()  # run-queue wait of the process's threads per call
 
     @property
     def runs(self) -> int:
@@ -94,11 +95,28 @@ class Timing:
         return float(np.median(self.thread_samples)) if self.thread_samples else math.nan
 
     @property
+    def wait_share(self) -> float:
+        """Median over the kept samples of the run-queue wait over the wall time: how long
+        the process's threads, in all, waited for a core another process held (nan: not
+        measured)."""
+        pairs = [(w, s) for w, s in zip(self.wait_samples, self.samples, strict=False)
+                 if np.isfinite(w) and s > 0]
+        return float(np.median([w / s for w, s in pairs])) if pairs else math.nan
+
+    @property
+    def starved(self) -> bool:
+        """Most kept samples were taken while the threads waited for cores
+        (:data:`~attnbench.measure.probe.WAIT_TOLERANCE`): the times are inflated by
+        other processes however tight their interval."""
+        return bool(self.wait_share > WAIT_TOLERANCE)
+
+    @property
     def noisy(self) -> bool:
-        """Interval wider than ``target`` (or none), or a probe that saw interference."""
+        """Interval wider than ``target`` (or none), a probe that saw interference, or
+        samples taken while the threads waited for cores (:attr:`starved`)."""
         width = self.rel_halfwidth
         disturbed = self.probe_slowdown > 1 + PROBE_TOLERANCE
-        return bool(not width <= self.target or disturbed)
+        return bool(not width <= self.target or disturbed or self.starved)
 
     def as_dict(self) -> dict:
         """The summary statistics (seconds) and counts, flat, for a table row."""
@@ -110,6 +128,7 @@ class Timing:
             "thread_cpu_median_s": self.thread_cpu_median,
             "samples_taken": self.taken or self.runs, "rounds": self.rounds,
             "probe_slowdown": self.probe_slowdown, "noisy": self.noisy,
+            "wait_share": self.wait_share, "starved": self.starved,
         }
 
     def ms_columns(self) -> dict:
@@ -134,6 +153,7 @@ class Timing:
             "thread_cpu_median_ms": self.thread_cpu_median * 1e3,
             "number": self.number, "samples_taken": self.taken or self.runs,
             "rounds": self.rounds, "probe_slowdown": self.probe_slowdown,
+            "wait_share": self.wait_share, "starved": self.starved,
             "noisy": self.noisy, "samples_ms": format_samples(self.samples),
             "cpu_samples_ms": format_samples(self.cpu_samples),
         }

@@ -56,7 +56,7 @@ from attnbench.measure.intervals import (
     ratio_interval,
 )
 from attnbench.measure.memory import peak_extra_memory, rss_peak_supported
-from attnbench.measure.probe import Probe, default_probe, fault
+from attnbench.measure.probe import WAIT_TOLERANCE, Probe, default_probe, fault, run_queue_wait
 from attnbench.measure.samples import NOISE_TARGET, Timing
 
 __all__ = ["NOISE_TARGET", "Probe", "Timing", "default_probe", "fault", "format_samples",
@@ -82,15 +82,17 @@ class _Clocks:
     wall: Clock = time.perf_counter
     cpu: Clock = time.process_time
     thread: Clock = time.thread_time
+    wait: Clock = run_queue_wait
 
-    def batch(self, fn: Callable[[], object], number: int) -> tuple[float, float, float]:
-        """``(wall, process CPU, thread CPU)`` seconds of ``number`` calls (the whole batch)."""
-        cpu, thread = self.cpu(), self.thread()
+    def batch(self, fn: Callable[[], object], number: int) -> tuple[float, ...]:
+        """``(wall, process CPU, thread CPU, run-queue wait)`` seconds of ``number`` calls
+        (the whole batch; the wait is nan where it cannot be read)."""
+        wait, cpu, thread = self.wait(), self.cpu(), self.thread()
         start = self.wall()
         for _ in range(number):
             fn()
         wall = self.wall() - start
-        return wall, self.cpu() - cpu, self.thread() - thread
+        return wall, self.cpu() - cpu, self.thread() - thread, max(self.wait() - wait, 0.0)
 
     def calibrate(self, fn, min_time: float, max_time: float) -> tuple[int, tuple]:
         """``(number, first batch)``: the batch size whose batch lasts ``min_time``."""
@@ -100,6 +102,19 @@ class _Clocks:
             if batch[0] >= min_time or self.wall() - start >= max_time:
                 return number, batch
         raise AssertionError("unreachable")
+
+
+def _no_wait() -> float:
+    return math.nan
+
+
+def _wait_clock(wait_clock: Clock | None, clock: Clock) -> Clock:
+    """The run-queue gauge to use: the one given; by default the process's own
+    (:func:`run_queue_wait`) with the real wall clock, none with a synthetic one (its
+    times have nothing to do with this process's scheduling)."""
+    if wait_clock is not None:
+        return wait_clock
+    return run_queue_wait if clock is time.perf_counter else _no_wait
 
 
 class _Series:
@@ -113,11 +128,13 @@ class _Series:
     def new_round(self) -> None:
         self.rounds.append([])
 
-    def add(self, batch: tuple[float, float, float]) -> None:
+    def add(self, batch: tuple[float, ...]) -> None:
+        batch = tuple(batch) + (math.nan,) * (4 - len(batch))  # no wait gauge: nan
         self.rounds[-1].append(tuple(value / self.number for value in batch))
 
     def timing(self, probe: Probe | None) -> Timing:
-        """Set aside the rounds the probe saw disturbed if enough quiet samples remain."""
+        """Set aside the rounds the probe saw disturbed, then the samples whose threads
+        waited for a core (:data:`WAIT_TOLERANCE`), each if enough samples remain."""
         quiet = list(range(len(self.rounds)))
         slowdowns = []
         if probe is not None and len(self.probe_readings) == len(self.rounds):
@@ -127,12 +144,16 @@ class _Series:
                 quiet = calm
         kept = [s for i in quiet for s in self.rounds[i]]
         aside = [s[0] for i, r in enumerate(self.rounds) if i not in quiet for s in r]
+        fed = [s for s in kept if not s[3] > WAIT_TOLERANCE * s[0]]  # nan wait: kept
+        if len(fed) < len(kept) and len(fed) >= MIN_INTERVAL_SAMPLES:
+            aside += [s[0] for s in kept if s[3] > WAIT_TOLERANCE * s[0]]
+            kept = fed
         slowdown = float(np.median([slowdowns[i] for i in quiet])) if slowdowns else math.nan
-        wall, cpu, thread = (tuple(column) for column in zip(*kept, strict=True))
+        wall, cpu, thread, wait = (tuple(column) for column in zip(*kept, strict=True))
         return Timing(samples=wall, number=self.number, warmup=self.warmup, cpu_samples=cpu,
                       thread_samples=thread, taken=len(kept) + len(aside),
                       rounds=len(self.rounds), target=self.target, probe_slowdown=slowdown,
-                      set_aside=tuple(aside))
+                      set_aside=tuple(aside), wait_samples=wait)
 
 
 def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
@@ -140,7 +161,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
             number: int | None = None, clock: Clock = time.perf_counter,
             cpu_clock: Clock = time.process_time, thread_clock: Clock = time.thread_time,
             target: float = NOISE_TARGET, budget: float = 0.0, probe: Probe | None = None,
-            max_samples: int = 500) -> Timing:
+            max_samples: int = 500, wait_clock: Clock | None = None) -> Timing:
     """Time ``fn()``: median, its interval and spread over batches, warm-up excluded.
 
     Parameters
@@ -163,9 +184,14 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     number : int, optional
         Calls per batch; by default grown 1, 2, 5, 10, ... until a batch lasts ``min_time``
         (that calibration batch is the first sample: all its calls come after the warm-up).
-    clock, cpu_clock, thread_clock : callable
-        Wall clock (:func:`time.perf_counter`), process CPU time and thread CPU time, in
-        seconds; synthetic clocks make the statistics testable.
+    clock, cpu_clock, thread_clock, wait_clock : callable
+        Wall clock (:func:`time.perf_counter`), process CPU time, thread CPU time and the
+        process's run-queue wait (:func:`~attnbench.measure.probe.run_queue_wait`), in
+        seconds; synthetic clocks make the statistics testable (with a synthetic ``clock``
+        the wait is not read unless ``wait_clock`` is given).  Samples whose threads
+        waited for a core more than :data:`~attnbench.measure.probe.WAIT_TOLERANCE` of
+        their wall time are set aside when enough others remain (and flag the timing
+        ``starved`` when they do not).
     target : float, default NOISE_TARGET
         Relative half-width of the median's 95% interval below which it is not noisy.
     budget : float, default 0
@@ -187,7 +213,8 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     if number is not None and number < 1:
         raise ValueError(f"number must be >= 1 or None; got {number}")
     min_repeat = min(min_repeat, repeat)
-    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock)
+    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock,
+                     wait=_wait_clock(wait_clock, clock))
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -234,7 +261,7 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
                 warmup: int = 1, settle: float = 0.0, target: float = NOISE_TARGET,
                 budget: float = 0.0, probe: Probe | None = None, max_rounds: int = 200,
                 watch=None, clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
-                thread_clock: Clock = time.thread_time,
+                thread_clock: Clock = time.thread_time, wait_clock: Clock | None = None,
                 sleep: Callable[[float], object] = time.sleep) -> dict:
     """Time several functions in alternating rounds, so that load changes hit them all alike.
 
@@ -251,7 +278,7 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         name -> callable without arguments.
     rounds : int, default 7
         Rounds always taken.
-    min_time, warmup, target, probe, clock, cpu_clock, thread_clock
+    min_time, warmup, target, probe, clock, cpu_clock, thread_clock, wait_clock
         As for :func:`measure`.
     settle : float, default 0
         Pause after each batch (seconds), so that the threads it woke go idle.
@@ -271,7 +298,8 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1; got {rounds}")
-    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock)
+    clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock,
+                     wait=_wait_clock(wait_clock, clock))
     series: dict = {}
     gc_was_enabled = gc.isenabled()
     gc.disable()

@@ -153,6 +153,8 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
         "Memory: the peak extra memory of one call minus the smallest call's (B = H = L = "
         "d_k = 1: thread buffers and other fixed costs), where that is positive, by least "
         "squares (tracemalloc is deterministic: no samples to resample). "
+        "A fit that uses a starved point (timed while the process's threads waited for "
+        "cores other processes held: see the rows' wait_share) is inconclusive. "
         f"An exponent within ±{scaling.TOLERANCE} of the expected one counts as that power; a "
         "verdict is decided from the whole interval: confirmed when it lies inside, not "
         "confirmed when it lies outside, inconclusive when it straddles the boundary. "

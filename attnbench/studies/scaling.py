@@ -36,7 +36,9 @@ time against L is expected linear (the fit against L·W over several W is
 confirmed*: the whole interval lies outside; *inconclusive*: the interval straddles a
 boundary (the text says which), or the fitted overhead c (and the lower-order term) is
 more than ``OVERHEAD_DOMINATES`` of the largest point's time (the range says little about
-the leading term's growth).
+the leading term's growth), or a time fit uses a point that was *starved* (timed while the
+process's threads waited for cores other processes held; such a point's time is inflated
+by scheduler slices however tight its interval).
 """
 
 from __future__ import annotations
@@ -101,13 +103,18 @@ def interval(fit: PowerFit) -> tuple[float, float]:
 
 
 def verdict(fit: PowerFit | None, quantity: str, variable: str,
-            expected: float | None, *, at_most: bool = False) -> tuple[str, str]:
+            expected: float | None, *, at_most: bool = False,
+            starved: int = 0) -> tuple[str, str]:
     """``(outcome, text)``: outcome is confirmed, not confirmed, inconclusive, measured.
 
     The text reads like ``"time ∝ L^1.98 [1.95, 2.01] → O(L²) confirmed (best class
     O(L²), 99% of resamples)"``.  ``expected`` None (no exponent is claimed) gives outcome
     "measured" and the nearest integer power.  ``at_most=True`` checks an upper bound
-    ("at most O(L)").  See the module docstring for the rule.
+    ("at most O(L)").  ``starved``: how many of the fitted points were timed while the
+    process's threads waited for cores other processes held
+    (:attr:`attnbench.measure.samples.Timing.starved`); any makes a claimed exponent
+    inconclusive: such a point's time is inflated by a scheduler slice however tight its
+    interval.  See the module docstring for the rule.
     """
     if fit is None or fit.n < MIN_POINTS:
         n = 0 if fit is None else fit.n
@@ -128,6 +135,11 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
     lower, upper = expected - TOLERANCE, expected + TOLERANCE
     if not (np.isfinite(low) and np.isfinite(high)):
         return "inconclusive", f"{head} → {claim} inconclusive: no interval{tail}"
+    if starved:
+        return "inconclusive", (f"{head} → {claim} inconclusive: {starved} of {fit.n} "
+                                "points were timed while the threads waited for cores other "
+                                "processes held (a busy machine); rerun when it is quiet, "
+                                f"or with --threads 1{tail}")
     share = fit.dominance()
     if not share >= 1 - OVERHEAD_DOMINATES:
         rest = "the fixed overhead is" if not fit.lower_term else \
@@ -330,9 +342,12 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
     at_most : bool
         The claim is an upper bound.
     """
-    outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most)
-    low, high = interval(fit) if fit is not None else (np.nan, np.nan)
     noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
+    starved = (int(used["starved"].fillna(False).astype(bool).sum())
+               if quantity in CLOCKS and "starved" in used else 0)
+    outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most,
+                            starved=starved)
+    low, high = interval(fit) if fit is not None else (np.nan, np.nan)
 
     def value(name):
         return np.nan if fit is None else getattr(fit, name)
@@ -349,6 +364,7 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
         "class_share": value("class_share"),
         "method": "" if fit is None else fit.method,
         "n_used": len(used), "n_points": n_points, "noisy_points": noisy,
+        "starved_points": starved,
         "x_min": value("x_min"), "x_max": value("x_max"), "r2": value("r2"),
         "intercept": value("intercept"),
         "expected": np.nan if expected is None else expected,
