@@ -29,8 +29,10 @@ bit of the result) whatever the hidden entries hold.
 A call with :mod:`kernels.mods` functions runs the same kernel with the functions passed in
 (the tile pieces are in :mod:`kernels._numba_backward_tiles`, the mod arguments come from
 :mod:`kernels._numba_mods_backward`); without them those arguments are None and Numba
-compiles only the branches for None, so the plain kernel is cached on disk and has no
-check of a mod function.
+compiles only the branches for None, so the plain kernel has no check of a mod function.
+The kernel is cached on disk without mods and with built-ins (given as structure-keyed
+:class:`kernels._mods_cache.CachedFn`, found again by the next process); with a user
+function it is compiled once per process.
 """
 
 from __future__ import annotations
@@ -177,12 +179,13 @@ def _backward_serial(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, 
                         mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
-# The entry points, (parallel, serial).  Without mods they are cached on disk; with mods
-# (functions among the arguments, which Numba's cache cannot find again in a new process:
-# it would only grow) the same code is compiled per process, without the cache.
+# The entry points, (parallel, serial).  Without mods, or with mod functions that are all
+# CachedFn (built-ins: a type named by structure, equal in every process), they are cached
+# on disk.  A user function's dispatcher is a type Numba's cache cannot find again in a new
+# process (the cache would only grow): with one, the same code is compiled per process.
 KERNELS = (njit(parallel=True, cache=True)(_backward_parallel),
            njit(cache=True)(_backward_serial))
-KERNELS_WITH_MODS = (njit(parallel=True)(_backward_parallel), njit(_backward_serial))
+KERNELS_WITH_USER_MODS = (njit(parallel=True)(_backward_parallel), njit(_backward_serial))
 
 
 def key_chunks(problem: AttentionProblem, threads: int) -> int:
@@ -244,8 +247,9 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     )
     kernels, mods, user_names = KERNELS, (None,) * 6, ()
     if problem.score_mod is not None or problem.mask_mod is not None:
-        kernels = KERNELS_WITH_MODS
         mods, user_names = _numba_mods_backward.mod_functions(problem)
+        if not _numba_mods_backward.cacheable(mods):
+            kernels = KERNELS_WITH_USER_MODS
     blas_guard = single_threaded_blas() if use_blas else nullcontext()
     with launch_guard() if parallel else nullcontext(), blas_guard:
         run_user_code(user_names, kernels[0] if parallel else kernels[1], *args, *mods)
