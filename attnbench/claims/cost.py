@@ -40,7 +40,7 @@ from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import CLASS_NAMES, OVERHEAD_DOMINATES, TOLERANCE, lower_term
+from attnbench.studies.scaling import CLASS_NAMES, TOLERANCE, lower_order_dominates, lower_term
 from kernels import reference
 
 
@@ -129,7 +129,7 @@ def judge_c12(time_interval: tuple[float, float], flop_slope: float,
     if it straddles.  Returns (verdict, condition)."""
     if abs(flop_slope - 2) > 1e-6:
         return FAILS, ""
-    if not leading_share >= 1 - OVERHEAD_DOMINATES:
+    if lower_order_dominates(leading_share):
         return INCONCLUSIVE, ""
     low, high = time_interval
     where = side(low, high, 2 - TOLERANCE, 2 + TOLERANCE)

@@ -27,8 +27,8 @@ import numpy as np
 from numba import njit, prange
 from threadpoolctl import threadpool_info
 
+import kernels
 from attnbench.measure.timing import measure
-from kernels import attention_plan
 
 __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
            "machine_columns", "machine_record", "plan_ahead"]
@@ -198,7 +198,7 @@ def machine_record() -> dict:
     installed metadata unless torch is already imported (importing it takes seconds).
     """
     return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record(),
-            "attention_plan": attention_plan()}
+            "attention_plan": kernels.attention_plan()}
 
 
 def _blas_summary(blas: list[dict]) -> str:
@@ -334,8 +334,6 @@ def plan_ahead(problems, *, out=sys.stderr) -> dict:
     dict
         :func:`kernels.attention_plan` afterwards.
     """
-    import kernels
-
     dtypes = sorted({str(dtype) for backend, shape, dtype in problems
                      if backend == "numba" and kernels.plan_needed(shape, dtype)})
     if dtypes:
@@ -344,4 +342,4 @@ def plan_ahead(problems, *, out=sys.stderr) -> dict:
                   "this machine (once: the choice is stored beside Numba's cache; "
                   "~20-45 s) ...", file=out, flush=True)
         kernels.plan(dtypes)
-    return attention_plan()
+    return kernels.attention_plan()

@@ -129,7 +129,6 @@ class _Series:
         self.rounds.append([])
 
     def add(self, batch: tuple[float, ...]) -> None:
-        batch = tuple(batch) + (math.nan,) * (4 - len(batch))  # no wait gauge: nan
         self.rounds[-1].append(tuple(value / self.number for value in batch))
 
     def timing(self, probe: Probe | None) -> Timing:
@@ -144,10 +143,10 @@ class _Series:
                 quiet = calm
         kept = [s for i in quiet for s in self.rounds[i]]
         aside = [s[0] for i, r in enumerate(self.rounds) if i not in quiet for s in r]
-        fed = [s for s in kept if not s[3] > WAIT_TOLERANCE * s[0]]  # nan wait: kept
-        if len(fed) < len(kept) and len(fed) >= MIN_INTERVAL_SAMPLES:
-            aside += [s[0] for s in kept if s[3] > WAIT_TOLERANCE * s[0]]
-            kept = fed
+        waited = [s[3] > WAIT_TOLERANCE * s[0] for s in kept]  # a nan wait did not
+        if any(waited) and waited.count(False) >= MIN_INTERVAL_SAMPLES:
+            aside += [s[0] for s, w in zip(kept, waited, strict=True) if w]
+            kept = [s for s, w in zip(kept, waited, strict=True) if not w]
         slowdown = float(np.median([slowdowns[i] for i in quiet])) if slowdowns else math.nan
         wall, cpu, thread, wait = (tuple(column) for column in zip(*kept, strict=True))
         return Timing(samples=wall, number=self.number, warmup=self.warmup, cpu_samples=cpu,

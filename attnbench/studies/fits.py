@@ -68,7 +68,7 @@ class PowerFit:
     class_share: float = np.nan  # share of the bootstrap resamples that pick best_class
     method: str = "least squares, t interval"
     lower: float = 0.0  # coefficient b of the lower-order term (0 without one)
-    lower_term: str = ""  # what the lower-order term is: "x" (linear in x), a name, or ""
+    lower_term: str = ""  # the lower-order term: "x" (linear in x), "g" (given values), ""
     leading_share: float = np.nan  # a·x^p over the fitted time at the largest x
 
     def predict(self, x, lower_values=None):
@@ -85,11 +85,13 @@ class PowerFit:
 
     def dominance(self) -> float:
         """The leading term's share of the fitted value at the largest x (1: no overhead
-        and no lower-order term; from ``overhead`` where ``leading_share`` was not kept)."""
+        and no lower-order term; recomputed from the coefficients where ``leading_share``
+        was not kept)."""
         if np.isfinite(self.leading_share):
             return float(self.leading_share)
-        total = self.predict(self.x_max)
-        return float(1 - self.overhead / total) if total > 0 else np.nan
+        total = float(self.predict(self.x_max))
+        leading = float(np.exp(self.intercept) * self.x_max**self.slope)
+        return leading / total if total > 0 else np.nan
 
 
 def fit_power_law(x, y) -> PowerFit:

@@ -141,7 +141,7 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
                                 "processes held (a busy machine); rerun when it is quiet, "
                                 f"or with --threads 1{tail}")
     share = fit.dominance()
-    if not share >= 1 - OVERHEAD_DOMINATES:
+    if lower_order_dominates(share):
         rest = "the fixed overhead is" if not fit.lower_term else \
             "the overhead and lower-order term are"
         return "inconclusive", (f"{head} → {claim} inconclusive: {rest} "
@@ -233,8 +233,6 @@ def fit_series(used: pd.DataFrame, x: pd.Series, quantity: str, data: pd.DataFra
         if x.nunique() < MIN_POINTS:
             return None
         samples = [parse_samples(text) for text in used[CLOCKS[quantity][1]]]
-        if lower is not None and not isinstance(lower, str):
-            lower = pd.Series(lower).to_numpy(float)
         return fit_scaling(x.to_numpy(float), [s * 1e3 for s in samples], lower=lower)
     if quantity == "memory":
         return fit_power_law(x, memory_growth(used))
@@ -256,6 +254,12 @@ def _expected(quantity: str, variable: str, backend: str,
     if variable == "L" and str(variant).startswith("window-") and backend in SKIPPING_BACKENDS:
         return 1, False  # a fixed window skipped tile by tile: O(L·W) work, linear in L
     return TIME_EXPONENTS[variable], False
+
+
+def lower_order_dominates(leading_share: float) -> bool:
+    """True when a fit's leading term is less than ``1 - OVERHEAD_DOMINATES`` of its
+    largest point's time (or unknown): the range says little about its growth."""
+    return not leading_share >= 1 - OVERHEAD_DOMINATES
 
 
 def lower_term(quantity: str, expected: float | None):
