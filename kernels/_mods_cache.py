@@ -27,14 +27,19 @@ import pathlib
 from numba.core import types
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
 
+from ._numba_cache import dependencies
+
 
 def _digest() -> str:
-    """A short digest of the sources whose code a structure key stands for."""
+    """A short digest of the sources whose code a structure key stands for: these modules
+    and every package module they import (:func:`kernels._numba_cache.dependencies`, the
+    same walk that stamps the cached kernels)."""
     here = pathlib.Path(__file__).parent
+    roots = ("_mods_cache.py", "_mods_compile.py", "_mods_masks.py", "_mods_scores.py",
+             "_mods_block.py", "numba_cpu.py")
     h = hashlib.sha256()
-    for name in ("_mods_cache.py", "_mods_compile.py", "_mods_masks.py", "_mods_scores.py",
-                 "_mods_block.py", "numba_cpu.py", "_numba_math.py", "_numba_tiles.py"):
-        h.update((here / name).read_bytes())
+    for path in sorted({p for name in roots for p in dependencies(here / name)}):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
 
