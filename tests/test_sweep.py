@@ -13,9 +13,10 @@ from attnbench.sweep.grid import Grid, Point, expand
 from attnbench.sweep.run import run_sweep, serial_executor
 from attnbench.sweep.runner import PointRunner, make_inputs
 
-#: Quick settings: short timing budget, no pause between backends, GEMM peak not measured.
+#: Quick settings: short timing budget, no pause between backends, GEMM peak not measured,
+#: no check of the cores before the sweep (tests/test_cores.py has those).
 QUICK = {"max_time": 0.002, "gemm_peaks": {"float32": 100.0, "float64": 50.0},
-         "progress": False}
+         "progress": False, "check_threads": False}
 
 
 def quick_runner(**kwargs):

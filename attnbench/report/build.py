@@ -86,8 +86,7 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         + (f", in {meta['seconds']:.0f} s" if meta.get("seconds") else "") + "."
         + (" The sweep was interrupted (Ctrl-C): only the finished points are shown."
            if meta.get("interrupted") else "")
-        + (f" Every backend ran on at most {meta['threads']} thread(s) (--threads), the "
-           "GEMM peak too." if meta.get("threads") else "")
+        + _threads_text(meta)
         + "\n\nEach point: inputs drawn once (the same for every backend of a problem), one "
         "untimed call (compilation; its output is the one checked against the oracle), then "
         "timed batches after one more warm-up call (attnbench.measure.timing.measure; median and "
@@ -132,6 +131,17 @@ def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:
         figures.append(("Max abs error against the oracle by backend (markers: mask kind)",
                         error_figure))
     return Section(title="Sweep", text=text, tables=tables, figures=figures, anchor="sweep")
+
+
+def _threads_text(meta: dict) -> str:
+    """What the sweep ran on: the --threads limit, or what the check of the cores found."""
+    cores = meta.get("cores") or {}
+    if cores.get("requested") and cores.get("threads", 0) < cores["requested"]:
+        return f" Threads: {cores['text']}; the GEMM peak was measured on as many."
+    if meta.get("threads"):
+        return (f" Every backend ran on at most {meta['threads']} thread(s) (--threads), the "
+                "GEMM peak too.")
+    return f" Threads: {cores['text']}." if cores.get("text") else ""
 
 
 def _impossible_text(table: pd.DataFrame) -> str:

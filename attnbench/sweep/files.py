@@ -57,6 +57,12 @@ def save_results(result: SweepResult, out_dir, *, extra_meta: dict | None = None
             "n_rows": len(result.table), "load_average_1m_start": result.load_average[0],
             "load_average_1m_end": result.load_average[1], "machine": machine_record(),
             "written": [path.name for path in written], **(extra_meta or {})}
+    if getattr(result, "cores", None) is not None:
+        cores = result.cores
+        meta["cores"] = {"requested": cores.requested, "threads": cores.threads,
+                         "wait_shares": cores.wait_shares, "text": cores.describe()}
+        if cores.reduced:
+            meta["threads"] = cores.threads
     written.append(out_dir / f"{RESULTS_STEM}.json")
     written[-1].write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return written

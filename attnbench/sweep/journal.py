@@ -34,6 +34,7 @@ from pathlib import Path
 
 from attnbench.measure.machine import machine_columns, machine_record
 from attnbench.sweep.grid import Point
+from attnbench.sweep.run import runs_here
 
 __all__ = ["DONE_STATUSES", "JOURNAL_NAME", "MACHINE_FIELD", "Journal", "JournalContents",
            "journaled", "load_journal", "point_key", "point_of_row"]
@@ -242,5 +243,6 @@ def journaled(executor, journal: Journal, done: dict[str, dict] | None = None):
             row = journal.append(row)
             yield {**row, "resumed": False}
 
+    run.local = runs_here(executor)
     return run
 

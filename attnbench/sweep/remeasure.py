@@ -44,8 +44,10 @@ Clock = Callable[[], float]
 
 
 def _timed_here(row: dict) -> bool:
-    """An ok row timed on the CPU of this process (GPU rows have their own timer)."""
-    return row.get("status") == "ok" and row.get("device", "cpu") == "cpu"
+    """An ok row timed on the CPU of this process (GPU rows have their own timer; rows
+    resumed from a journal were timed by an earlier run, perhaps on another host)."""
+    return (row.get("status") == "ok" and row.get("device", "cpu") == "cpu"
+            and not row.get("resumed", False))
 
 
 def noisy_rows(rows: list[dict]) -> list[int]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from attnbench.measure.cores import CoreCheck, check_cores
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ahead
 from attnbench.measure.probe import default_probe
 from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
@@ -36,7 +37,7 @@ from attnbench.sweep.remeasure import noisy_rows, read_against_peak, remeasure_n
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
 
 __all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SweepResult", "points_summary", "run_sweep",
-           "serial_executor"]
+           "runs_here", "serial_executor"]
 
 #: GEMM peak probes per dtype in a sweep that measures its own peaks: at the start, at
 #: each quarter of the points and at the end.
@@ -54,6 +55,13 @@ def serial_executor(points: Sequence[Point], run_point: RunPoint) -> Iterator[Ro
         yield run_point(point)
 
 
+def runs_here(executor: Executor) -> bool:
+    """True if ``executor`` runs the points in this process, one after the other: the
+    serial executor, or a wrapper of it that says so with a true ``local`` attribute
+    (:func:`attnbench.sweep.journal.journaled`)."""
+    return executor is serial_executor or bool(getattr(executor, "local", False))
+
+
 @dataclass
 class SweepResult:
     """What :func:`run_sweep` returns."""
@@ -64,6 +72,7 @@ class SweepResult:
     gemm_peaks: dict  # dtype name -> GFLOP/s: the maximum over the probes (or as given)
     n_points: int  # points asked for
     load_average: tuple = (float("nan"), float("nan"))  # 1-min load at the start and end
+    cores: CoreCheck | None = None  # the check that chose the thread count, if one ran
 
 
 def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
@@ -71,7 +80,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
               gemm_peaks: dict | None = None, executor: Executor = serial_executor,
               progress: bool = True, with_machine: bool = True,
               runner: PointRunner | None = None, threads: int | None = None,
-              remeasure_budget: float | None = None) -> SweepResult:
+              remeasure_budget: float | None = None, check_threads: bool = True) -> SweepResult:
     """Measure every point; Ctrl-C stops the sweep and keeps the finished rows.
 
     Parameters
@@ -109,6 +118,11 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         re-measuring it interleaved with its neighbours in L (all such points together
         within :data:`REMEASURE_SHARE` of the sweep's time); default ``5 * max_time``,
         0: no re-measurement.  Rows re-measured say ``remeasured``.
+    check_threads : bool, default True
+        Where ``threads`` is not given and the points run here (the serial executor),
+        first check that the configured threads do not wait for cores other processes
+        hold (:func:`attnbench.measure.cores.check_cores`), and run on fewer if they do;
+        the result's ``cores`` says what was found.
 
     Returns
     -------
@@ -118,6 +132,12 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     plan_ahead((p.backend, (p.batch, p.heads, p.L, p.L, p.d_k, p.d_k), p.dtype) for p in points
                if p.direction == "forward" and p.variant == "none")  # no timed call plans
     load_start = load_average()
+    cores = None
+    if threads is None and check_threads and runs_here(executor):
+        cores = check_cores()
+        threads = cores.threads if cores.reduced else None
+        if progress:
+            print(f"Threads: {cores.describe()}.", flush=True)
     rows, interrupted = [], False
     with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
         peaks = _PeakProbes(points) if gemm_peaks is None else None
@@ -142,7 +162,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         finally:
             gc.unfreeze()
             bar.close()
-        if executor is serial_executor and not interrupted:
+        if runs_here(executor) and not interrupted:
             try:  # a row is updated only once its re-measurement is complete
                 _remeasure(rows, runner, started, 5 * max_time if remeasure_budget is None
                            else remeasure_budget)
@@ -163,7 +183,8 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
             table[column] = table[column].fillna(value) if column in table else value
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
-                       n_points=len(points), load_average=(load_start, load_average()))
+                       n_points=len(points), load_average=(load_start, load_average()),
+                       cores=cores)
 
 
 class _PeakProbes:
