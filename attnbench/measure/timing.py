@@ -28,7 +28,9 @@ Measuring (after pyperf and asv):
   that a change of machine load hits them all alike (a ratio is measured side by side).
 
 All clocks are arguments, so the statistics are testable with a synthetic clock.  The
-garbage collector is off while timing (as :mod:`timeit` does).
+garbage collector is off while timing (as :mod:`timeit` does), and freed memory stays in
+the process (:mod:`attnbench.measure.allocation`): repeated calls reuse their pages instead
+of having the kernel fault in and zero fresh ones each time.
 
 The :class:`Timing` a measurement returns lives in :mod:`attnbench.measure.samples`,
 intervals in :mod:`attnbench.measure.intervals`, the probe and the fault check in
@@ -39,6 +41,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import math
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnbench.measure.allocation import steady_allocation
 from attnbench.measure.intervals import (
     MIN_INTERVAL_SAMPLES,
     format_samples,
@@ -214,9 +218,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     min_repeat = min(min_repeat, repeat)
     clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock,
                      wait=_wait_clock(wait_clock, clock))
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _quiet_process():
         for _ in range(warmup):
             fn()
         reading = probe() if probe is not None else None
@@ -239,10 +241,21 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
             _fill_round(fn, clocks, series, max(repeat, 5), 1, extra_start, budget)
             if probe is not None:
                 series.probe_readings.append(max(reading, probe()))
+    return series.timing(probe)
+
+
+@contextlib.contextmanager
+def _quiet_process():
+    """The garbage collector off (as :mod:`timeit` does) and freed memory kept in the
+    process (:func:`~attnbench.measure.allocation.steady_allocation`) while timing."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with steady_allocation():
+            yield
     finally:
         if gc_was_enabled:
             gc.enable()
-    return series.timing(probe)
 
 
 def _fill_round(fn, clocks: _Clocks, series: _Series, repeat: int, min_repeat: int,
@@ -300,9 +313,7 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
     clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock,
                      wait=_wait_clock(wait_clock, clock))
     series: dict = {}
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _quiet_process():
         for name, fn in functions.items():
             for _ in range(warmup):
                 fn()
@@ -333,7 +344,4 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
                 reading = max(before, probe())
                 for one in series.values():
                     one.probe_readings.append(reading)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return {name: one.timing(probe) for name, one in series.items()}
