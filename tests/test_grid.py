@@ -153,6 +153,10 @@ def test_the_quick_grid_sweeps_the_backward_and_windows_over_enough_lengths():
     windows = {(p.L, p.variant) for p in points if p.variant.startswith("window-")}
     assert len(backward) >= 7 and max(backward) / min(backward) >= 16
     assert len({L * int(v.split("-")[1]) for L, v in windows}) >= 7  # distinct L·W
+    for variant in ("window-64", "window-256"):  # each W against L: 7 lengths over 16x
+        lengths = {L for L, v in windows if v == variant}
+        assert len(lengths) >= 7 and max(lengths) / min(lengths) >= 16
     plain_causal = {p.L for p in points if p.backend == "numba" and p.variant == "none"
                     and p.mask == "causal" and p.direction == "forward"}
-    assert {L for L, _ in windows} <= plain_causal  # each window has its plain partner
+    # The speed-up over the plain causal call, at 4 lengths per window.
+    assert len({L for L, _ in windows} & plain_causal) >= 4

@@ -36,7 +36,7 @@ def add_run(subparsers) -> None:
             "Then sweep the 'quick' grid (L 256-4096 for numba and the numpy and torch peers, "
             "to 2048 for the reference; d_k, heads and batch for numba; the backward pass "
             "over L for numba and torch; causal sliding windows W 64 and 256 over L "
-            "1024-4096 and 8 equal documents for numba) into "
+            "1024-16384 and 8 equal documents for numba) into "
             "OUT/sweep.csv, sweep.parquet and sweep.json, fit the scaling exponents "
             "(OUT/scaling.csv), compute the attention heat maps and the studies of "
             "softmax stability, parameter arithmetic and the claims ledger "
@@ -72,8 +72,9 @@ def add_run(subparsers) -> None:
                         help="timing budget per sweep point (default: %(default)s)")
     parser.add_argument("--threads", metavar="N", type=positive_int,
                         help="run the sweep (and its GEMM peak) on at most N threads: "
-                             "Numba, BLAS, OpenMP, torch; 1 gives steadier scaling fits on "
-                             "a shared machine (default: all)")
+                             "Numba, BLAS, OpenMP, torch (default: all of Numba's, fewer "
+                             "where a check before the sweep finds them waiting for cores "
+                             "other processes hold)")
     parser.set_defaults(handler=_run)
 
 
@@ -159,8 +160,9 @@ def add_sweep(subparsers) -> None:
                              "of the available memory)")
     parser.add_argument("--threads", metavar="N", type=positive_int,
                         help="at most N threads for Numba, BLAS, OpenMP and torch, GEMM peak "
-                             "included; 1 gives steadier scaling fits on a shared machine "
-                             "(default: all)")
+                             "included (default: all of Numba's, fewer where a check before "
+                             "a sweep run here finds them waiting for cores other processes "
+                             "hold)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr")
     parser.add_argument("--cluster", metavar="SPEC", type=cluster_spec,

@@ -276,6 +276,8 @@ def expand(grids) -> list[Point]:
 
 #: Sequence lengths of the quick grid's scaling series: 256 to 4096, ratio ~1.6.
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
+#: Sequence lengths of the window series: 1024 to 16384, ratio ~1.6.
+WINDOW_LENGTHS = (1024, 1600, 2560, 4096, 6400, 10240, 16384)
 
 #: Named grids.  "quick" is what ``attnbench run`` sweeps (a minute or two on 2 quiet cores);
 #: "tiny" is a smoke test of a few seconds, for the tests (no variant: each new mask
@@ -302,10 +304,12 @@ GRIDS = {
         # torch's autograd: the O(L²) time and O(L) memory fits of the gradients.
         Grid(L=LENGTHS, d_k=(64,), heads=(4,), mask=("none", "causal"),
              backend=("numba", "torch"), direction=("backward",)),
-        # Causal sliding windows (W = 64, 256) over the lengths where L >= 4W: time
-        # against L·W, and the block-skipping speed-up over the plain causal call (the
-        # L series above); 8 equal documents against the plain non-causal call.
-        Grid(L=LENGTHS[3:], d_k=(64,), heads=(4,), mask=("causal",),
+        # Causal sliding windows (W = 64, 256): time against L·W, and against L at fixed
+        # W over 16x (7 lengths from 4W = 1024 up: a window's work, L·W - W²/2 pairs, is
+        # linear in L only once L >> W), and the block-skipping speed-up over the plain
+        # causal call at the lengths the L series above has; 8 equal documents against
+        # the plain non-causal call.
+        Grid(L=WINDOW_LENGTHS, d_k=(64,), heads=(4,), mask=("causal",),
              variant=("window-64", "window-256"), backend=("numba",)),
         Grid(L=(1024, 4096), d_k=(64,), heads=(4,), variant=("documents-8",),
              backend=("numba",)),
