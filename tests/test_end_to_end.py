@@ -16,6 +16,7 @@ the page.
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -105,9 +106,19 @@ def test_no_impossible_figure_is_reported_under_load(loaded_run):
     # The GEMM peak is the best of several probes through the run, and says so.
     meta = json.loads((out / "sweep.json").read_text())
     probes = meta["machine"]["gemm_peak_probes"]
-    float32 = [entry for key, entry in probes.items() if key.startswith("float32 n=1024 ")]
+    threads = int(sweep["threads"].iloc[0])  # the sweep's probes ran on its threads
+    float32 = [entry for key, entry in probes.items()
+               if key == f"float32 n=1024 blas_threads={threads}"]
     assert float32 and max(entry["probes"] for entry in float32) >= 5
     assert meta["gemm_peak_gflops"]["float32"] == max(entry["gflops"] for entry in float32)
+    # The cores were checked before the sweep, and what was found is printed and kept.
+    cores = meta["cores"]
+    assert f"Threads: {cores['text']}." in printed
+    if (cores["requested"] == 2 == os.cpu_count()
+            and not math.isnan(cores["wait_shares"]["2"])):
+        # The busy loop holds one of the two cores: two threads wait, one does not.
+        assert cores["threads"] == 1 and meta["threads"] == 1, cores
+        assert (sweep["threads"] == 1).all()
 
 
 def test_run_writes_every_file_and_exits_0(tiny_run):

@@ -346,8 +346,10 @@ def c29() -> Result:
     q512, q192 = _randn(rng, 1, 12, 512, 64), _randn(rng, 1, 12, 192, 64)
     functions = {512: lambda: kernels.attention(q512, q512, q512),
                  192: lambda: kernels.attention(q192, q192, q192)}
-    cost = interleaved_medians(functions, rounds=3, max_time=0.1, cpu=True)
+    cost = interleaved_medians(functions, rounds=5, max_time=0.1, cpu=True, budget=2.0)
     wall = interleaved_medians(functions, rounds=2, max_time=0.1)
+    plan = kernels.attention_plan().get("float32", "not planned")
+    path = f"micro-kernel {plan}" if "x" in plan else f"BLAS tiles (planner: {plan})"
     time_ratio = ratio(cost, 512, 192)
     wall_ratio = ratio(wall, 512, 192)
     flop_ratio = attention_flops(1, 12, 512, 512, 64) / attention_flops(1, 12, 192, 192, 64)
@@ -359,8 +361,8 @@ def c29() -> Result:
               "cpu_seconds_192": cost[192]["median"], "wall_ratio_threaded": wall_ratio[0],
               "wall_ratio_threaded_low": wall_ratio[1], "wall_ratio_threaded_high": wall_ratio[2],
               "wall_seconds_512": wall[512]["median"], "wall_seconds_192": wall[192]["median"],
-              "load_average": load_average()}
-    measured = (f"kernels.attention (1, 12, L, 64), CPU time on one thread: "
+              "load_average": load_average(), "numba_path": path}
+    measured = (f"kernels.attention (1, 12, L, 64), numba's {path}, CPU time on one thread: "
                 f"{cost[512]['median'] * 1e3:.1f} ms at 512 vs {cost[192]['median'] * 1e3:.2f} "
                 f"ms at 192, ratio {time_ratio[0]:.2f} [{time_ratio[1]:.2f}, "
                 f"{time_ratio[2]:.2f}] (95%); FLOP ratio (512/192)² = {flop_ratio:.2f}; "
