@@ -202,6 +202,13 @@ def sweep_command(args) -> int:
                 "cluster": str(cluster) if cluster else None}
     with contextlib.ExitStack() as stack:
         executor, gemm_peaks, threads = serial_executor, None, args.threads
+        resumed_threads = {int(row["threads"]) for row in done.values()
+                           if isinstance(row.get("threads"), int | float)
+                           and row["threads"] == row["threads"]}  # not None, not nan
+        if threads is None and len(resumed_threads) == 1:
+            # The new points run on the thread count of the resumed ones (the cores check
+            # chose it, or --threads), so that one fit never mixes two counts.
+            threads = int(next(iter(resumed_threads)))
         if cluster and len(done) < len(points):
             try:
                 executor = stack.enter_context(DaskExecutor(
@@ -217,6 +224,8 @@ def sweep_command(args) -> int:
                            memory_budget=memory_budget, progress=not args.no_progress,
                            threads=threads, gemm_peaks=gemm_peaks,
                            executor=journaled(executor, journal, done))
+    if result.cores is not None and args.no_progress:
+        print(f"Threads: {result.cores.describe()}.", flush=True)
     result.table = _in_point_order(result.table, points)
     by_host = host_peaks(result.table)
     if len(by_host) == 1 and not result.gemm_peaks:

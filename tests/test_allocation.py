@@ -7,7 +7,7 @@ import pytest
 
 from attnbench.measure import allocation
 from attnbench.measure.allocation import steady_allocation
-from attnbench.measure.timing import measure
+from attnbench.measure.timing import interleaved, measure
 
 pytestmark = pytest.mark.skipif(not allocation.available(), reason="needs glibc's mallopt")
 
@@ -48,14 +48,24 @@ def test_the_kept_memory_is_given_back_on_exit_and_nesting_keeps_it_until_the_ou
     assert held - released > 0.75 * np.ones(SHAPE).nbytes, (held, released)
 
 
-def test_measure_times_with_the_pages_kept(monkeypatch):
-    states = []
-    original = allocation.steady_allocation
+def test_after_the_outer_exit_large_arrays_are_mmap_ed_again():
+    with steady_allocation():
+        np.ones(SHAPE).sum()
+    np.ones(SHAPE).sum()
+    assert _faults_of_calls(2) > 64  # fresh pages again: the settings were restored
 
-    def spy():
-        states.append("entered")
-        return original()
 
-    monkeypatch.setattr("attnbench.measure.timing.steady_allocation", spy)
-    measure(lambda: None, max_time=0.01, repeat=3)
-    assert states == ["entered"]
+def test_measure_and_interleaved_time_with_the_pages_kept(monkeypatch):
+    # Inside the timed calls a large array reuses its pages: (almost) no minor faults.
+    faults = []
+
+    def call():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        np.ones(SHAPE).sum()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    measure(call, max_time=0.05, repeat=4, min_time=0)
+    assert faults[0] > 64 and max(faults[1:]) <= 64, faults  # the warm-up faulted, no other
+    faults.clear()
+    interleaved({"a": call, "b": call}, rounds=3, min_time=0)
+    assert max(faults[2:]) <= 64, faults  # after each function's warm-up

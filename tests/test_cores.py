@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -78,6 +79,25 @@ def test_one_disturbed_reading_of_three_does_not_lower_the_threads():
     assert machine.check(2).threads == 2
 
 
+def test_when_even_one_thread_waits_it_says_so_instead_of_calling_the_cores_free():
+    found = FakeMachine({1: 0.4}).check(1)
+    assert found.threads == 1 and found.waiting and not found.reduced
+    assert "even one thread waited" in found.describe()
+    assert "did not wait" not in found.describe()
+    assert not FakeMachine({2: 0.5, 1: 0.02}).check(2).waiting
+
+
+def test_a_failing_check_leaves_the_sweep_on_its_configured_threads(monkeypatch, capsys):
+    def broken():
+        raise RuntimeError("no threading layer")
+
+    monkeypatch.setattr(run, "check_cores", broken)
+    points = expand([Grid(L=(8,), d_k=(4,), heads=(1,), backend=("reference",))])
+    result = run_sweep(points, max_time=0.002, progress=False, gemm_peaks={"float32": 100.0})
+    assert not result.cores.reduced and (result.table["status"] == "ok").all()
+    assert "the check of the cores failed" in capsys.readouterr().err
+
+
 def test_an_unreadable_wait_changes_nothing_and_says_so():
     machine = FakeMachine({2: 0.5})
     found = check_cores(2, workload=machine.workload, seconds=0.1, clock=machine.clock,
@@ -86,12 +106,12 @@ def test_an_unreadable_wait_changes_nothing_and_says_so():
     assert "could not be read" in found.describe()
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2 or math.isnan(run_queue_wait()),
+@pytest.mark.skipif(numba.get_num_threads() < 2 or math.isnan(run_queue_wait()),
                     reason="needs 2 threads and Linux's /proc/self/task/*/schedstat")
 def test_real_busy_processes_on_every_core_make_the_check_lower_the_threads():
-    # As many spinning processes as Numba has threads: the configured threads must wait.
+    # A spinning process per core: the configured threads must wait for them.
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(numba.config.NUMBA_NUM_THREADS)]
+                for _ in range(os.cpu_count() or 1)]
     try:
         found = check_cores(seconds=0.1)
     finally:
@@ -134,18 +154,14 @@ def test_a_journaled_serial_executor_runs_here(tmp_path):
         assert not runs_here(journaled(lambda points, run_point: iter(()), journal))
 
 
-def test_the_default_workload_runs_the_fused_kernel_on_the_threads_asked_for():
+def test_the_default_workload_runs_the_fused_kernel_on_the_threads_asked_for(monkeypatch):
+    import kernels
+
     seen = []
     call = cores_module._fused_kernel_workload(1)
     original = numba.get_num_threads()
-    monkey = pytest.MonkeyPatch()
-    import kernels
-
     real = kernels.attention
-    monkey.setattr(kernels, "attention",
-                   lambda *a, **k: seen.append(numba.get_num_threads()) or real(*a, **k))
-    try:
-        call()
-    finally:
-        monkey.undo()
+    monkeypatch.setattr(kernels, "attention",
+                        lambda *a, **k: seen.append(numba.get_num_threads()) or real(*a, **k))
+    call()
     assert seen == [1] and numba.get_num_threads() == original

@@ -26,7 +26,7 @@ def test_a_sweep_against_a_disturbed_peak_flags_every_row_instead_of_reporting_i
     grid = Grid(L=(8, 16), d_k=(4,), heads=(1,), backend=("numba", "reference"))
     runner = PointRunner(max_time=0.002, gemm_peaks=peaks, settle=0.0)
     table = run_sweep(expand([grid]), runner=runner, max_time=0.002, gemm_peaks=peaks,
-                      progress=False, with_machine=False).table
+                      progress=False, with_machine=False, check_threads=False).table
     assert (table["status"] == "ok").all()
     assert table["pct_of_gemm_peak"].isna().all()
     assert table["fault"].str.startswith("measurement fault").all()
@@ -37,7 +37,7 @@ def test_a_sweep_against_a_plausible_peak_reports_percentages():
     grid = Grid(L=(8,), d_k=(4,), heads=(1,), backend=("numba",))
     runner = PointRunner(max_time=0.002, gemm_peaks=peaks, settle=0.0)
     table = run_sweep(expand([grid]), runner=runner, max_time=0.002, gemm_peaks=peaks,
-                      progress=False, with_machine=False).table
+                      progress=False, with_machine=False, check_threads=False).table
     assert (table["fault"] == "").all()
     pct = table["pct_of_gemm_peak"].to_numpy(float)
     assert np.isfinite(pct).all() and (pct < 100).all() and not math.isnan(pct.sum())
@@ -61,7 +61,8 @@ def test_the_peak_is_the_best_of_probes_through_the_sweep_and_rows_are_read_agai
     monkeypatch.setattr(run, "gemm_peak_gflops", fake_peak)
     monkeypatch.setattr(run, "SETTLE_SECONDS", 0.0)
     grid = Grid(L=(8, 16, 24, 32), d_k=(4,), heads=(1,), backend=("numba",))
-    result = run_sweep(expand([grid]), max_time=0.002, progress=False, with_machine=False)
+    result = run_sweep(expand([grid]), max_time=0.002, progress=False, with_machine=False,
+                       check_threads=False)
     assert len(probed) == PEAK_PROBES  # start, each quarter, end
     table = result.table
     assert result.gemm_peaks == {"float32": 1e6}

@@ -114,10 +114,13 @@ def test_serial_sweep_writes_the_journal_and_resume_reruns_nothing_done(tmp_path
     kept = [line for line in lines
             if not (line.startswith('{"type": "row"') and json.loads(line)["key"] in dropped)]
     (tmp_path / "sweep.jsonl").write_text("\n".join(kept) + "\n")
-    capsys.readouterr()
+    assert "Threads: " in capsys.readouterr().out  # the first run checked its cores
     assert main([*args, "--resume"]) == 0
-    assert "Resume: 4 of 6 points are done" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Resume: 4 of 6 points are done" in printed
+    assert "Threads: " not in printed  # ... the resumed one takes the done rows' threads
     second = pd.read_csv(tmp_path / "sweep.csv")
+    assert second["threads"].nunique() == 1 and second["threads"].iloc[0] == first["threads"][0]
     assert list(second["point_key"]) == list(first["point_key"])  # the points' order
     rerun = second[~second["resumed"]]
     assert set(rerun["point_key"]) == dropped

@@ -43,7 +43,8 @@ class CoreCheck:
     requested : int
         The configured thread count (Numba's).
     threads : int
-        The count to run on: the largest tried whose threads did not wait for cores.
+        The count to run on: the largest tried whose threads did not wait for cores, or
+        1 where even one thread waited.
     wait_shares : dict
         Thread count tried -> the median over its readings of the run-queue wait of the
         process's threads, in all, over the wall time.
@@ -58,6 +59,13 @@ class CoreCheck:
         """True if the check chose fewer threads than configured."""
         return self.threads < self.requested
 
+    @property
+    def waiting(self) -> bool:
+        """True if even the chosen count's threads waited for cores (every count tried
+        waited, down to one thread): the machine is busier than it has cores."""
+        share = self.wait_shares.get(self.threads, math.nan)
+        return bool(share > WAIT_TOLERANCE)
+
     def describe(self) -> str:
         """One sentence for the console and the report."""
         shares = ", ".join(f"{n} thread{'s' if n > 1 else ''}: {share:.0%}"
@@ -65,6 +73,11 @@ class CoreCheck:
         if not self.wait_shares or all(math.isnan(s) for s in self.wait_shares.values()):
             return (f"ran on {self.threads} thread(s); the run-queue wait could not be read, "
                     "so whether other processes held cores was not checked")
+        if self.waiting:
+            return (f"other processes kept the cores busy: even one thread waited for a core "
+                    f"(wait over wall time, {shares}; more than {WAIT_TOLERANCE:.0%} means "
+                    f"waiting), so every backend ran on {self.threads} thread(s) and timed "
+                    "points may come out starved; rerun when the machine is quieter")
         if self.reduced:
             return (f"another process kept cores busy: on {self.requested} threads the timed "
                     f"threads waited for a core (wait over wall time, {shares}; more than "
@@ -87,8 +100,9 @@ def check_cores(requested: int | None = None, *,
         Thread count to start from; default Numba's (``numba.get_num_threads()``).
     workload : callable, optional
         ``workload(n)`` returns a zero-argument call that runs a parallel job on ``n``
-        threads (and sets the thread count itself); default the fused kernel on
-        (1, 4n, 384, 64) float32 under :func:`~attnbench.measure.problems.limit_threads`.
+        threads (and sets the thread count itself, cheaply: its own time counts as time
+        not waited); default the fused kernel on (1, 4n, 384, 64) float32 on ``n`` of
+        Numba's threads.
     seconds : float
         Wall time of one reading.
     readings : int
@@ -134,16 +148,22 @@ def _wait_share(call, seconds, readings, clock, wait) -> float:
 
 
 def _fused_kernel_workload(threads: int):
+    import numba
     import numpy as np
 
     import kernels
-    from attnbench.measure.problems import limit_threads
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 4 * threads, 384, 64), dtype=np.float32)
                for _ in range(3))
 
     def call():
-        with limit_threads(threads):
+        # Numba's thread count is a per-thread setting (no pools to rebuild); the kernel
+        # keeps the BLAS single-threaded inside its parallel loop itself.
+        before = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
             kernels.attention(q, k, v, backend="numba")
+        finally:
+            numba.set_num_threads(before)
     return call

@@ -28,6 +28,7 @@ from numba import njit, prange
 from threadpoolctl import threadpool_info
 
 import kernels
+from attnbench.measure import allocation
 from attnbench.measure.timing import measure
 
 __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
@@ -37,6 +38,7 @@ __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_
 RECORDED_ENV_VARS = (
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
     "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_ENABLE_CUDASIM",
+    "GLIBC_TUNABLES",
 )
 
 
@@ -165,6 +167,7 @@ def _record() -> dict:
         "hostname": platform.node(),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "steady_allocation": allocation.available(),
     }
 
 
@@ -230,6 +233,7 @@ def machine_columns(record: dict | None = None) -> dict:
         "numpy": record["numpy"],
         "numba": record["numba"],
         "hostname": record["hostname"],
+        "steady_allocation": record.get("steady_allocation", False),
     }
 
 

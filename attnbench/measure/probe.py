@@ -39,7 +39,7 @@ def run_queue_wait() -> float:
     its time rises in steps while its samples stay tight and a single-threaded probe sees
     nothing; this counter sees exactly that wait.  nan where it cannot be read.
     """
-    total = 0
+    total, read = 0, 0
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -48,9 +48,10 @@ def run_queue_wait() -> float:
         try:
             with open(f"/proc/self/task/{task}/schedstat") as handle:
                 total += int(handle.read().split()[1])
+            read += 1
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended between the listing and the read
-    return total * 1e-9
+    return total * 1e-9 if read else math.nan  # none readable (some sandboxes): unknown
 
 Clock = Callable[[], float]
 

@@ -28,9 +28,9 @@ Measuring (after pyperf and asv):
   that a change of machine load hits them all alike (a ratio is measured side by side).
 
 All clocks are arguments, so the statistics are testable with a synthetic clock.  The
-garbage collector is off while timing (as :mod:`timeit` does), and freed memory stays in
-the process (:mod:`attnbench.measure.allocation`): repeated calls reuse their pages instead
-of having the kernel fault in and zero fresh ones each time.
+garbage collector is off while timing (as :mod:`timeit` does), and on glibc freed memory
+stays in the process (:mod:`attnbench.measure.allocation`): repeated calls reuse their
+pages instead of having the kernel fault in and zero fresh ones each time.
 
 The :class:`Timing` a measurement returns lives in :mod:`attnbench.measure.samples`,
 intervals in :mod:`attnbench.measure.intervals`, the probe and the fault check in

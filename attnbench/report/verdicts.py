@@ -55,8 +55,7 @@ def reading(row) -> str:
     claim = ("at most " if upper_bound else "") + _power(variable, expected)
     if outcome == "inconclusive":
         return (f"inconclusive: the 95% interval (±{ci:.2f}) is wider than ±{max_ci:g}, too "
-                "wide to tell exponents apart; measure again on a quieter machine "
-                "(--threads 1)")
+                "wide to tell exponents apart; measure again on a quieter machine")
     if outcome == "confirmed":
         if upper_bound:
             return (f"{claim} confirmed: the slope's interval starts at {low:.2f}, at or "
@@ -203,8 +202,12 @@ def _load_text(meta: dict) -> str:
                  "inflates times and makes them jump in steps of the scheduler's time slice "
                  "(see the IQR columns); fits can then come out inconclusive or off.")
         if not meta.get("threads"):
-            text += (" On a shared machine, --threads 1 (attnbench run or sweep) gives "
-                     "steadier fits: a one-thread call never waits for a pre-empted worker.")
+            text += (" The check of the cores before the sweep found its threads not "
+                     "waiting, so the load came later or in bursts." if meta.get("cores")
+                     else "")
+            text += (" On a shared machine, fewer threads (--threads) give steadier fits: "
+                     "a call on no more threads than free cores never waits for a "
+                     "pre-empted worker.")
     return text
 
 

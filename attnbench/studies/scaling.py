@@ -104,7 +104,7 @@ def interval(fit: PowerFit) -> tuple[float, float]:
 
 def verdict(fit: PowerFit | None, quantity: str, variable: str,
             expected: float | None, *, at_most: bool = False,
-            starved: int = 0) -> tuple[str, str]:
+            starved: int = 0, threads: int | None = None) -> tuple[str, str]:
     """``(outcome, text)``: outcome is confirmed, not confirmed, inconclusive, measured.
 
     The text reads like ``"time ∝ L^1.98 [1.95, 2.01] → O(L²) confirmed (best class
@@ -136,10 +136,11 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
     if not (np.isfinite(low) and np.isfinite(high)):
         return "inconclusive", f"{head} → {claim} inconclusive: no interval{tail}"
     if starved:
+        remedy = "" if threads == 1 else " or on fewer threads (--threads)"
         return "inconclusive", (f"{head} → {claim} inconclusive: {starved} of {fit.n} "
                                 "points were timed while the threads waited for cores other "
-                                "processes held (a busy machine); rerun when it is quiet, "
-                                f"or with --threads 1{tail}")
+                                f"processes held (a busy machine); rerun when it is quiet"
+                                f"{remedy}{tail}")
     share = fit.dominance()
     if lower_order_dominates(share):
         rest = "the fixed overhead is" if not fit.lower_term else \
@@ -349,8 +350,10 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
     noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
     starved = (int(used["starved"].fillna(False).astype(bool).sum())
                if quantity in CLOCKS and "starved" in used else 0)
+    threads = (int(used["threads"].max()) if "threads" in used
+               and used["threads"].notna().any() else None)
     outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most,
-                            starved=starved)
+                            starved=starved, threads=threads)
     low, high = interval(fit) if fit is not None else (np.nan, np.nan)
 
     def value(name):

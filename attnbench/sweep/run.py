@@ -134,7 +134,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     load_start = load_average()
     cores = None
     if threads is None and check_threads and runs_here(executor):
-        cores = check_cores()
+        cores = _checked_cores()
         threads = cores.threads if cores.reduced else None
         if progress:
             print(f"Threads: {cores.describe()}.", flush=True)
@@ -185,6 +185,21 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, load_average()),
                        cores=cores)
+
+
+def _checked_cores() -> CoreCheck:
+    """:func:`check_cores`, or, where its workload cannot run here, the configured threads
+    with the wait unread (the sweep goes on as configured)."""
+    try:
+        return check_cores()
+    except Exception as exc:  # noqa: BLE001 - any failure of the probe kernel
+        import numba
+
+        requested = numba.get_num_threads()
+        print(f"warning: the check of the cores failed ({type(exc).__name__}: {exc}); "
+              f"running on {requested} thread(s) unchecked", file=sys.stderr)
+        return CoreCheck(requested=requested, threads=requested,
+                         wait_shares={requested: float("nan")})
 
 
 class _PeakProbes:
