@@ -296,10 +296,11 @@ GRIDS = {
         Grid(L=(1024,), d_k=(64,), heads=(4,), mask=("padding", "bool"),
              backend=("numba", "reference", "numpy", "torch")),
         Grid(L=(1024,), d_k=(64,), heads=(4,), kv_heads=(1,), backend=("numba", "torch")),
-        # Time against d_k, heads and batch, for the fused kernel.
-        Grid(L=(1024,), d_k=(16, 32, 64, 128, 256), heads=(4,), backend=("numba",)),
-        Grid(L=(1024,), d_k=(64,), heads=(1, 2, 4, 8, 16), backend=("numba",)),
-        Grid(L=(1024,), d_k=(64,), heads=(4,), batch=(1, 2, 4, 8), backend=("numba",)),
+        # Time against d_k, heads and batch, for the fused kernel: 5-7 doublings each
+        # (their fits, 4-5 points over 8-16x before, straddled the band now and then).
+        Grid(L=(1024,), d_k=(8, 16, 32, 64, 128, 256, 512), heads=(4,), backend=("numba",)),
+        Grid(L=(1024,), d_k=(64,), heads=(1, 2, 4, 8, 16, 32), backend=("numba",)),
+        Grid(L=(1024,), d_k=(64,), heads=(4,), batch=(1, 2, 4, 8, 16), backend=("numba",)),
         # The backward pass against L (out and lse given; forward not timed), numba and
         # torch's autograd: the O(L²) time and O(L) memory fits of the gradients.
         Grid(L=LENGTHS, d_k=(64,), heads=(4,), mask=("none", "causal"),
