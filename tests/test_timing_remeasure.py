@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from attnbench.measure.intervals import format_samples, parse_samples
-from attnbench.sweep.remeasure import REMEASURE_ROUNDS, neighbours, noisy_rows, remeasure_noisy
+from attnbench.sweep.remeasure import (
+    REMEASURE_ROUNDS,
+    SERIES_ROUNDS,
+    length_series,
+    neighbours,
+    noisy_rows,
+    remeasure_noisy,
+    remeasure_series,
+)
 from tests.test_timing_noise import SyntheticMachine, coverage_bounds
 
 LENGTHS = (64, 128, 256, 512, 1024)
@@ -111,3 +119,48 @@ def test_the_total_budget_stops_the_pass():
     # the first point uses up the pass's budget
     assert remeasure(machine, rows, budget=1.0, total_budget=1e-3) == 1
     assert [bool(row.get("remeasured")) for row in rows] == [True, False, False, False, False]
+
+
+def series_rows(slow_L=(64, 128, 256), factor=1.7):
+    """A series along L whose first timings saw a slower machine at ``slow_L`` (tight
+    samples: not noisy, so the noisy pass would never look at them)."""
+    rows = sweep_rows(noisy_L=())
+    for row in rows:
+        if row["L"] in slow_L:
+            samples = parse_samples(row["samples_ms"]) * factor
+            row.update(median_ms=float(np.median(samples)), samples_ms=format_samples(samples))
+    return rows
+
+
+def fitted_exponent(rows):
+    L = np.array([row["L"] for row in rows], dtype=float)
+    median = np.array([row["median_ms"] for row in rows])
+    return np.polyfit(np.log(L), np.log(median), 1)[0]
+
+
+def test_a_series_timed_through_a_slower_stretch_is_timed_again_interleaved():
+    rows = series_rows()
+    assert abs(fitted_exponent(rows) - 2) > 0.15  # the stretch bent the first fit
+    # The pass itself crosses a stretch 1.7x slower, a third of its length: interleaved,
+    # it slows every length alike.
+    machine = SyntheticMachine(seed=3, noise=0.02, bursts=[(0.05, 0.15, 1.7)])
+    log = []
+    assert remeasure_series(rows, traced_calls(machine, log), total_budget=60.0,
+                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
+    assert all(row["series_interleaved"] and row["remeasured"] for row in rows)
+    assert abs(fitted_exponent(rows) - 2) < 0.03, fitted_exponent(rows)
+    # Every round timed each length once (after each one's warm-up and calibration).
+    timed = log[2 * len(LENGTHS):]
+    rounds = [timed[i:i + len(LENGTHS)] for i in range(0, len(timed), len(LENGTHS))]
+    assert len(rounds) == SERIES_ROUNDS - 1 and all(sorted(r) == list(LENGTHS) for r in rounds)
+
+
+def test_the_series_pass_stops_at_its_budget_and_says_which_rows_kept_their_timings():
+    rows = sweep_rows() + sweep_rows(noisy_L=(), mask="causal")
+    machine = SyntheticMachine(seed=4)
+    assert len(length_series(rows)) == 2
+    assert remeasure_series(rows, traced_calls(machine, []), total_budget=1e-9,
+                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
+    assert [row["series_interleaved"] for row in rows] == [True] * 5 + [False] * 5
+    short = sweep_rows()[:2]  # 2 lengths: no series to fit, nothing to interleave
+    assert length_series(short) == []

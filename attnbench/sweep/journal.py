@@ -244,5 +244,6 @@ def journaled(executor, journal: Journal, done: dict[str, dict] | None = None):
             yield {**row, "resumed": False}
 
     run.local = runs_here(executor)
+    run.journal = journal  # rows re-measured at the end of the sweep are journaled again
     return run
 

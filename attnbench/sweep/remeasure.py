@@ -29,8 +29,8 @@ from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
 from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
-__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "neighbours", "noisy_rows", "read_against_peak",
-           "remeasure_noisy"]
+__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_ROUNDS", "length_series", "neighbours",
+           "noisy_rows", "read_against_peak", "remeasure_noisy", "remeasure_series"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
@@ -39,6 +39,11 @@ SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "b
 #: Rounds a re-measurement always takes: twice the fewest with an interval, so that a
 #: point once found noisy is not called tight on a handful of fresh samples.
 REMEASURE_ROUNDS = 2 * MIN_INTERVAL_SAMPLES
+
+#: Rounds of a series' interleaved measurement (each round: one batch of every point).
+SERIES_ROUNDS = MIN_INTERVAL_SAMPLES + 2
+#: A series along L is measured interleaved when it has at least this many lengths.
+SERIES_MIN_POINTS = 3
 
 Clock = Callable[[], float]
 
@@ -53,6 +58,17 @@ def _timed_here(row: dict) -> bool:
 def noisy_rows(rows: list[dict]) -> list[int]:
     """Indices of the ok CPU rows flagged noisy, in order."""
     return [i for i, row in enumerate(rows) if _timed_here(row) and bool(row.get("noisy"))]
+
+
+def length_series(rows: list[dict]) -> list[list[int]]:
+    """Indices of the ok CPU rows of each series along L (:data:`SERIES_KEYS`) with at
+    least :data:`SERIES_MIN_POINTS` lengths, each in order of L; series in sweep order."""
+    groups: dict = {}
+    for i, row in enumerate(rows):
+        if _timed_here(row):
+            groups.setdefault(tuple(row.get(key) for key in SERIES_KEYS), []).append(i)
+    return [sorted(group, key=lambda i: rows[i]["L"]) for group in groups.values()
+            if len({rows[i]["L"] for i in group}) >= SERIES_MIN_POINTS]
 
 
 def neighbours(rows: list[dict], index: int) -> list[int]:
@@ -86,6 +102,55 @@ def _update(row: dict, timing: Timing) -> None:
                samples_taken=taken + timing.taken, rounds=rounds + timing.rounds)
     if np.isfinite(row.get("gemm_peak_gflops", math.nan)):
         read_against_peak(row, row["gemm_peak_gflops"])
+
+
+def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,
+                     total_budget: float, rounds: int = SERIES_ROUNDS, min_time: float = 0.01,
+                     probe: Probe | None = None, clock: Clock = time.perf_counter,
+                     cpu_clock: Clock = time.process_time,
+                     thread_clock: Clock = time.thread_time,
+                     sleep: Callable[[float], object] = time.sleep) -> int:
+    """Time every series along L again, all its points interleaved; rows updated in place.
+
+    Each point of a series was timed on its own, one after the other: a stretch of a few
+    tens of seconds in which the machine runs slower (another virtual machine on the host,
+    a clock change; the process's threads do not wait, so the starved gauge sees nothing)
+    then slows some lengths and not others, and bends the fit.  Here every round times one
+    batch of each point of the series in turn (:func:`~attnbench.measure.timing.interleaved`),
+    so such a stretch slows all lengths alike and the fitted exponent keeps.  The rows get
+    these samples instead of the first ones (``series_interleaved`` True); a series not
+    started when ``total_budget`` is spent keeps its first timings (False).
+
+    Parameters
+    ----------
+    rows, make_call, min_time, probe, clock, cpu_clock, thread_clock, sleep
+        As for :func:`remeasure_noisy`.
+    total_budget : float
+        Seconds for the whole pass: no series is started once it is spent.
+    rounds : int, default SERIES_ROUNDS
+        Rounds per series.
+
+    Returns
+    -------
+    int
+        How many rows were re-measured.
+    """
+    started = clock()
+    done = 0
+    for row in rows:
+        if _timed_here(row):
+            row.setdefault("series_interleaved", False)
+    for group in length_series(rows):
+        if clock() - started >= total_budget:
+            break
+        timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
+                              min_time=min_time, probe=probe, clock=clock,
+                              cpu_clock=cpu_clock, thread_clock=thread_clock, sleep=sleep)
+        for i in group:
+            _update(rows[i], timings[i])
+            rows[i]["series_interleaved"] = True
+        done += len(group)
+    return done
 
 
 def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,

@@ -12,9 +12,11 @@ Unless the caller gives the GEMM peaks, the sweep probes them (:func:`gemm_peak_
 peak" against the maximum of them all: a peak probed while another process held a core
 would otherwise make the kernels look faster than the machine (above 100%).
 
-Points still noisy after their own budget are measured again at the end of a serial
-sweep, interleaved with their neighbours in L (:mod:`attnbench.sweep.remeasure`), within
-a share :data:`REMEASURE_SHARE` of the sweep's time.
+At the end of a sweep run here, every series along L is timed again with its points
+interleaved (a slower stretch of the machine then slows every length alike), within a share
+:data:`SERIES_SHARE` of the sweep's time; then the points still noisy are measured again,
+interleaved with their neighbours in L (:mod:`attnbench.sweep.remeasure`), within a share
+:data:`REMEASURE_SHARE`.
 """
 
 from __future__ import annotations
@@ -33,17 +35,26 @@ from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ah
 from attnbench.measure.probe import default_probe
 from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
 from attnbench.sweep.grid import Point
-from attnbench.sweep.remeasure import noisy_rows, read_against_peak, remeasure_noisy
+from attnbench.sweep.remeasure import (
+    length_series,
+    noisy_rows,
+    read_against_peak,
+    remeasure_noisy,
+    remeasure_series,
+)
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
 
-__all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SweepResult", "points_summary", "run_sweep",
-           "runs_here", "serial_executor"]
+__all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SERIES_SHARE", "SweepResult", "points_summary",
+           "run_sweep", "runs_here", "serial_executor"]
 
 #: GEMM peak probes per dtype in a sweep that measures its own peaks: at the start, at
 #: each quarter of the points and at the end.
 PEAK_PROBES = 5
 #: The re-measurement of noisy points may add at most this fraction to a sweep's time.
 REMEASURE_SHARE = 0.25
+#: The interleaved pass over the series along L may start series for at most this
+#: fraction of the sweep's time.
+SERIES_SHARE = 0.5
 
 RunPoint = Callable[[Point], Row]
 Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
@@ -116,8 +127,10 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     remeasure_budget : float, optional
         Seconds of extra rounds per point still noisy at the end of a serial sweep, spent
         re-measuring it interleaved with its neighbours in L (all such points together
-        within :data:`REMEASURE_SHARE` of the sweep's time); default ``5 * max_time``,
-        0: no re-measurement.  Rows re-measured say ``remeasured``.
+        within :data:`REMEASURE_SHARE` of the sweep's time), after the interleaved pass
+        over the series along L (:func:`~attnbench.sweep.remeasure.remeasure_series`,
+        within :data:`SERIES_SHARE`); default ``5 * max_time``, 0: neither pass.  Rows
+        re-measured say ``remeasured``, those of the series pass ``series_interleaved``.
     check_threads : bool, default True
         Where ``threads`` is not given and the points run here (the serial executor),
         first check that the configured threads do not wait for cores other processes
@@ -168,14 +181,20 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                            else remeasure_budget)
             except KeyboardInterrupt:
                 interrupted = True
+            journal = getattr(executor, "journal", None)
+            if journal is not None:  # the last row of a key wins when the journal is read
+                for row in rows:
+                    if row.get("remeasured") and not row.get("resumed"):
+                        journal.append({k: v for k, v in row.items() if k != "resumed"})
         if peaks is not None and not interrupted:
             peaks.probe()  # the last probe, at the end of the run
     if peaks is not None:
         peaks.apply(rows)
     table = pd.DataFrame(rows)
     if not table.empty:
-        table["remeasured"] = table.get("remeasured", pd.Series(False, index=table.index))
-        table["remeasured"] = table["remeasured"].fillna(False).astype(bool)
+        for flag in ("remeasured", "series_interleaved"):
+            table[flag] = table.get(flag, pd.Series(False, index=table.index))
+            table[flag] = table[flag].fillna(False).astype(bool)
         table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
     if with_machine and not table.empty:
         # Rows measured elsewhere (a Dask worker) bring their host's columns; keep them.
@@ -239,9 +258,10 @@ class _PeakProbes:
 
 
 def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: float) -> None:
-    """Noisy points measured again with their neighbours (sweep.remeasure), in a share of
-    the sweep's time so far."""
-    if budget <= 0 or not noisy_rows(rows):
+    """Every series along L timed again with its points interleaved, then the points still
+    noisy with their neighbours (sweep.remeasure), each pass in a share of the sweep's time
+    so far."""
+    if budget <= 0 or not (noisy_rows(rows) or length_series(rows)):
         return
     time.sleep(SETTLE_SECONDS)  # the last point's worker threads go idle
 
@@ -249,6 +269,8 @@ def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: flo
         point = Point(**{name: row[name] for name in Point.__dataclass_fields__})
         return runner.make_call(point, *make_inputs(point))
 
+    remeasure_series(rows, make_call, probe=default_probe(),
+                     total_budget=SERIES_SHARE * (time.perf_counter() - started))
     remeasure_noisy(rows, make_call, budget=budget, probe=default_probe(),
                     total_budget=REMEASURE_SHARE * (time.perf_counter() - started))
 
