@@ -29,8 +29,9 @@ from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
 from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
-__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_ROUNDS", "length_series", "neighbours",
-           "noisy_rows", "read_against_peak", "remeasure_noisy", "remeasure_series"]
+__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MIN_POINTS", "SERIES_ROUNDS",
+           "length_series", "neighbours", "noisy_rows", "read_against_peak", "remeasure_noisy",
+           "remeasure_series"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",

@@ -36,6 +36,8 @@ from attnbench.measure.probe import default_probe
 from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
 from attnbench.sweep.grid import Point
 from attnbench.sweep.remeasure import (
+    SERIES_KEYS,
+    SERIES_MIN_POINTS,
     length_series,
     noisy_rows,
     read_against_peak,
@@ -53,8 +55,10 @@ PEAK_PROBES = 5
 #: The re-measurement of noisy points may add at most this fraction to a sweep's time.
 REMEASURE_SHARE = 0.25
 #: The interleaved pass over the series along L may start series for at most this
-#: fraction of the sweep's time.
-SERIES_SHARE = 0.5
+#: multiple of the sweep's time so far: its points' first timings are brief (3 batches),
+#: and the pass takes 8 rounds of each, so on the quick grid it needs 0.6-0.8 of the time
+#: before it.
+SERIES_SHARE = 1.5
 
 RunPoint = Callable[[Point], Row]
 Executor = Callable[[Sequence[Point], RunPoint], Iterator[Row]]
@@ -156,8 +160,10 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         peaks = _PeakProbes(points) if gemm_peaks is None else None
         gemm_peaks = peaks.peaks if peaks is not None else gemm_peaks
         if runner is None:
+            retime = runs_here(executor) and (remeasure_budget is None or remeasure_budget > 0)
             runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
-                                 memory_budget=memory_budget, gemm_peaks=gemm_peaks)
+                                 memory_budget=memory_budget, gemm_peaks=gemm_peaks,
+                                 retimed=_in_length_series(points) if retime else None)
         bar = _progress_bar(len(points), enabled=progress)
         # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas
         # and matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects
@@ -204,6 +210,17 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, load_average()),
                        cores=cores)
+
+
+def _in_length_series(points: Sequence[Point]) -> Callable[[Point], bool]:
+    """Whether a point belongs to a series along L that the end of the sweep times again
+    (:func:`~attnbench.sweep.remeasure.length_series`: the same keys, enough lengths)."""
+    lengths: dict = {}
+    for point in points:
+        key = tuple(getattr(point, name) for name in SERIES_KEYS)
+        lengths.setdefault(key, set()).add(point.L)
+    series = {key for key, found in lengths.items() if len(found) >= SERIES_MIN_POINTS}
+    return lambda point: tuple(getattr(point, name) for name in SERIES_KEYS) in series
 
 
 def _checked_cores() -> CoreCheck:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba
@@ -129,6 +130,9 @@ class PointRunner:
     gemm_peaks: dict = field(default_factory=dict)  # dtype name -> GFLOP/s
     settle: float = SETTLE_SECONDS
     allow_simulator: bool = False  # run cuda points in Numba's CUDA simulator (tiny grids only)
+    # Points timed again at the end of the sweep (their series along L, interleaved): a
+    # brief first timing (3 batches at least, no extra rounds) where this says so.
+    retimed: Callable[[Point], bool] | None = None
     _oracles: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _overheads: dict = field(default_factory=dict, repr=False)
     _last_backend: str | None = field(default=None, repr=False)
@@ -306,8 +310,10 @@ class PointRunner:
         # between the two), up to 15 in max_time and at least 6 (the fewest with a 95%
         # interval of the median), then rounds within as much again while the interval is
         # wide or the probe sees interference (measure.timing).
-        timing = measure(call, warmup=1, repeat=15, min_repeat=6, min_time=0.01,
-                         max_time=self.max_time, budget=self.max_time, probe=default_probe())
+        brief = self.retimed is not None and self.retimed(point)
+        timing = measure(call, warmup=1, repeat=15, min_repeat=3 if brief else 6,
+                         min_time=0.01, max_time=self.max_time,
+                         budget=0.0 if brief else self.max_time, probe=default_probe())
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
         result = {
