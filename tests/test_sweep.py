@@ -207,3 +207,22 @@ def test_threads_are_limited_during_the_sweep_and_restored_after():
     assert numba.get_num_threads() == before
     with pytest.raises(ValueError, match="threads must lie in"):
         run_sweep(points, runner=quick_runner(), threads=10**6, **QUICK)
+
+
+def test_series_along_L_get_a_brief_first_timing_then_an_interleaved_one_journaled(tmp_path):
+    from attnbench.sweep.journal import Journal, journaled, load_journal
+
+    grid = Grid(L=(8, 16, 24), d_k=(4,), heads=(1,), backend=("numba",), mask=("none",))
+    single = Grid(L=(8,), d_k=(8,), heads=(1,), backend=("numba",))  # no series: full timing
+    points = expand([grid, single])
+    with Journal(tmp_path / "sweep.jsonl") as journal:
+        table = run_sweep(points, max_time=0.002, progress=False, check_threads=False,
+                          gemm_peaks={"float32": 100.0},
+                          executor=journaled(serial_executor, journal)).table
+    series = table[table["d_k"] == 4]
+    assert series["brief_timing"].all() and series["series_interleaved"].all()
+    assert (series["samples_taken"] >= 3 + 7).all()  # brief first, then the 8 rounds
+    alone = table[table["d_k"] == 8].iloc[0]
+    assert not alone["brief_timing"] and not alone["series_interleaved"]
+    journaled_rows = load_journal(tmp_path / "sweep.jsonl").rows  # the last row per key
+    assert all(journaled_rows[key]["series_interleaved"] for key in series["point_key"])

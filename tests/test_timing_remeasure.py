@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from attnbench.measure.intervals import format_samples, parse_samples
+from attnbench.measure.timing import measure
 from attnbench.sweep.remeasure import (
     REMEASURE_ROUNDS,
     SERIES_ROUNDS,
+    complete_brief_timings,
     length_series,
     neighbours,
     noisy_rows,
@@ -147,7 +149,7 @@ def test_a_series_timed_through_a_slower_stretch_is_timed_again_interleaved():
     log = []
     assert remeasure_series(rows, traced_calls(machine, log), total_budget=60.0,
                             min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
-    assert all(row["series_interleaved"] and row["remeasured"] for row in rows)
+    assert all(row["series_interleaved"] and not row.get("remeasured") for row in rows)
     assert abs(fitted_exponent(rows) - 2) < 0.03, fitted_exponent(rows)
     # Every round timed each length once (after each one's warm-up and calibration).
     timed = log[2 * len(LENGTHS):]
@@ -164,3 +166,43 @@ def test_the_series_pass_stops_at_its_budget_and_says_which_rows_kept_their_timi
     assert [row["series_interleaved"] for row in rows] == [True] * 5 + [False] * 5
     short = sweep_rows()[:2]  # 2 lengths: no series to fit, nothing to interleave
     assert length_series(short) == []
+
+
+def test_a_series_with_brief_first_timings_is_timed_whatever_the_budget_and_any_left_get_full():
+    rows = sweep_rows(noisy_L=()) + sweep_rows(noisy_L=(), mask="causal")
+    for row in rows[5:]:
+        row["brief_timing"] = True  # the sweep counted on the pass for these
+    machine = SyntheticMachine(seed=5)
+    assert remeasure_series(rows, traced_calls(machine, []), total_budget=1e-9,
+                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 10
+    assert all(row["series_interleaved"] for row in rows)
+    # A brief row whose series could not be timed again (a neighbour failed) gets the full
+    # timing; a series whose calls raise keeps its first timings, and the sweep goes on.
+    rows = sweep_rows(noisy_L=())
+    for row in rows:
+        row["brief_timing"] = True
+    rows[1]["status"] = rows[2]["status"] = rows[3]["status"] = "failed"
+    timed = []
+    assert remeasure_series(rows, traced_calls(machine, []), total_budget=60.0,
+                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 0
+
+    def full(row):
+        timed.append(row["L"])
+        return measure(machine.workload(true_seconds(row["L"])), repeat=6, number=1,
+                       max_time=math.inf, **machine.clocks())
+
+    assert complete_brief_timings(rows, full) == 2 and timed == [64, 1024]
+    assert rows[0]["remeasured"] and rows[0]["samples_taken"] == 6 + 6
+
+
+def test_a_series_whose_calls_fail_keeps_its_first_timings(capsys):
+    rows = sweep_rows(noisy_L=())
+    before = [dict(row) for row in rows]
+
+    def broken(row):
+        raise MemoryError("no room for the series")
+
+    assert remeasure_series(rows, broken, total_budget=60.0) == 0
+    assert [r["median_ms"] for r in rows] == [r["median_ms"] for r in before]
+    assert not any(row["series_interleaved"] for row in rows)
+    assert "keep their first timings" in capsys.readouterr().err

@@ -1,4 +1,10 @@
-"""A sweep's noisy points measured again, interleaved with their neighbours in L.
+"""A sweep's points measured again at its end: each series along L interleaved, then the
+points still noisy, interleaved with their neighbours in L.
+
+:func:`remeasure_series` times every series along L again, one batch of each of its points
+per round, so that a slower stretch of the machine slows every length alike (the rows
+then say ``series_interleaved``); :func:`complete_brief_timings` gives the full timing to
+a point whose brief first timing no series pass replaced.  Then:
 
 A point is *noisy* when its median's 95% interval is wider than the target or the probe
 saw interference while it was timed (:attr:`attnbench.measure.timing.Timing.noisy`), even
@@ -19,6 +25,7 @@ re-measurement.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 
@@ -30,8 +37,8 @@ from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
 __all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MIN_POINTS", "SERIES_ROUNDS",
-           "length_series", "neighbours", "noisy_rows", "read_against_peak", "remeasure_noisy",
-           "remeasure_series"]
+           "complete_brief_timings", "length_series", "neighbours", "noisy_rows",
+           "read_against_peak", "remeasure_noisy", "remeasure_series"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
@@ -95,11 +102,12 @@ def read_against_peak(row: dict, peak: float) -> None:
     row["pct_of_gemm_peak"] = math.nan if row["fault"] else pct
 
 
-def _update(row: dict, timing: Timing) -> None:
-    """The row's timing columns from ``timing``; the counts add to the first measurement's."""
+def _update(row: dict, timing: Timing, flag: str = "remeasured") -> None:
+    """The row's timing columns from ``timing``; the counts add to the first measurement's;
+    ``flag`` set True."""
     taken, rounds = int(row.get("samples_taken") or 0), int(row.get("rounds") or 0)
     row.update(timing.ms_columns(), **timing.row_columns())
-    row.update(gflops=gflops(row["flops"], timing.median), remeasured=True,
+    row.update({flag: True}, gflops=gflops(row["flops"], timing.median),
                samples_taken=taken + timing.taken, rounds=rounds + timing.rounds)
     if np.isfinite(row.get("gemm_peak_gflops", math.nan)):
         read_against_peak(row, row["gemm_peak_gflops"])
@@ -113,6 +121,10 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
                      sleep: Callable[[float], object] = time.sleep) -> int:
     """Time every series along L again, all its points interleaved; rows updated in place.
 
+    Series whose rows have a brief first timing (``brief_timing``: the sweep counted on
+    this pass) are always timed; the others only while ``total_budget`` lasts.  A series
+    whose calls fail keeps its first timings, and the error is printed.
+
     Each point of a series was timed on its own, one after the other: a stretch of a few
     tens of seconds in which the machine runs slower (another virtual machine on the host,
     a clock change; the process's threads do not wait, so the starved gauge sees nothing)
@@ -120,7 +132,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
     batch of each point of the series in turn (:func:`~attnbench.measure.timing.interleaved`),
     so such a stretch slows all lengths alike and the fitted exponent keeps.  The rows get
     these samples instead of the first ones (``series_interleaved`` True); a series not
-    started when ``total_budget`` is spent keeps its first timings (False).
+    timed keeps its first timings (False).
 
     Parameters
     ----------
@@ -142,15 +154,42 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
         if _timed_here(row):
             row.setdefault("series_interleaved", False)
     for group in length_series(rows):
-        if clock() - started >= total_budget:
-            break
-        timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
-                              min_time=min_time, probe=probe, clock=clock,
-                              cpu_clock=cpu_clock, thread_clock=thread_clock, sleep=sleep)
+        counted_on = any(rows[i].get("brief_timing") for i in group)
+        if clock() - started >= total_budget and not counted_on:
+            continue
+        try:
+            timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
+                                  min_time=min_time, probe=probe, clock=clock,
+                                  cpu_clock=cpu_clock, thread_clock=thread_clock, sleep=sleep)
+        except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
+            print(f"warning: timing the series of {_series_name(rows[group[0]])} again "
+                  f"failed ({type(exc).__name__}: {exc}); its rows keep their first "
+                  "timings", file=sys.stderr)
+            continue
         for i in group:
-            _update(rows[i], timings[i])
-            rows[i]["series_interleaved"] = True
+            _update(rows[i], timings[i], flag="series_interleaved")
         done += len(group)
+    return done
+
+
+def _series_name(row: dict) -> str:
+    return " ".join(str(row.get(key)) for key in SERIES_KEYS)
+
+
+def complete_brief_timings(rows: list[dict], full_timing: Callable[[dict], Timing]) -> int:
+    """Rows whose brief first timing no series pass replaced (too few lengths left ok, a
+    failed series) get the sweep's full timing (``full_timing(row)``) instead."""
+    done = 0
+    for row in rows:
+        if _timed_here(row) and row.get("brief_timing") and not row.get("series_interleaved"):
+            try:
+                _update(row, full_timing(row))
+            except Exception as exc:  # noqa: BLE001 - the row keeps its brief timing
+                print(f"warning: timing {_series_name(row)} L={row.get('L')} again failed "
+                      f"({type(exc).__name__}: {exc}); its row keeps its brief timing",
+                      file=sys.stderr)
+                continue
+            done += 1
     return done
 
 

@@ -38,6 +38,7 @@ from attnbench.sweep.grid import Point
 from attnbench.sweep.remeasure import (
     SERIES_KEYS,
     SERIES_MIN_POINTS,
+    complete_brief_timings,
     length_series,
     noisy_rows,
     read_against_peak,
@@ -52,7 +53,8 @@ __all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SERIES_SHARE", "SweepResult", "poi
 #: GEMM peak probes per dtype in a sweep that measures its own peaks: at the start, at
 #: each quarter of the points and at the end.
 PEAK_PROBES = 5
-#: The re-measurement of noisy points may add at most this fraction to a sweep's time.
+#: The re-measurement of noisy points may take at most this fraction of the time the sweep
+#: took before it (its points and the series pass).
 REMEASURE_SHARE = 0.25
 #: The interleaved pass over the series along L may start series for at most this
 #: multiple of the sweep's time so far: its points' first timings are brief (3 batches),
@@ -187,18 +189,17 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                            else remeasure_budget)
             except KeyboardInterrupt:
                 interrupted = True
-            journal = getattr(executor, "journal", None)
-            if journal is not None:  # the last row of a key wins when the journal is read
-                for row in rows:
-                    if row.get("remeasured") and not row.get("resumed"):
-                        journal.append({k: v for k, v in row.items() if k != "resumed"})
+            try:
+                _journal_again(rows, getattr(executor, "journal", None))
+            except KeyboardInterrupt:
+                interrupted = True
         if peaks is not None and not interrupted:
             peaks.probe()  # the last probe, at the end of the run
     if peaks is not None:
         peaks.apply(rows)
     table = pd.DataFrame(rows)
     if not table.empty:
-        for flag in ("remeasured", "series_interleaved"):
+        for flag in ("remeasured", "series_interleaved", "brief_timing"):
             table[flag] = table.get(flag, pd.Series(False, index=table.index))
             table[flag] = table[flag].fillna(False).astype(bool)
         table = table[[c for c in COLUMNS if c in table] + [c for c in table if c not in COLUMNS]]
@@ -210,6 +211,17 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, load_average()),
                        cores=cores)
+
+
+def _journal_again(rows: list[Row], journal) -> None:
+    """Rows timed again at the end of the sweep appended to its journal, if it has one
+    (the last row of a key wins when the journal is read)."""
+    if journal is None:
+        return
+    for row in rows:
+        if (row.get("remeasured") or row.get("series_interleaved")) and not row.get("resumed"):
+            again = {k: v for k, v in row.items() if k not in ("resumed", "finished_at")}
+            journal.append(again)
 
 
 def _in_length_series(points: Sequence[Point]) -> Callable[[Point], bool]:
@@ -278,7 +290,8 @@ def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: flo
     """Every series along L timed again with its points interleaved, then the points still
     noisy with their neighbours (sweep.remeasure), each pass in a share of the sweep's time
     so far."""
-    if budget <= 0 or not (noisy_rows(rows) or length_series(rows)):
+    if budget <= 0 or not (noisy_rows(rows) or length_series(rows)
+                           or any(row.get("brief_timing") for row in rows)):
         return
     time.sleep(SETTLE_SECONDS)  # the last point's worker threads go idle
 
@@ -288,6 +301,7 @@ def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: flo
 
     remeasure_series(rows, make_call, probe=default_probe(),
                      total_budget=SERIES_SHARE * (time.perf_counter() - started))
+    complete_brief_timings(rows, lambda row: runner.full_timing(make_call(row)))
     remeasure_noisy(rows, make_call, budget=budget, probe=default_probe(),
                     total_budget=REMEASURE_SHARE * (time.perf_counter() - started))
 

@@ -309,11 +309,13 @@ class PointRunner:
         # 1 ms batch is either undisturbed or a whole slice late, and its median flips
         # between the two), up to 15 in max_time and at least 6 (the fewest with a 95%
         # interval of the median), then rounds within as much again while the interval is
-        # wide or the probe sees interference (measure.timing).
+        # wide or the probe sees interference (measure.timing).  A point the sweep times
+        # again at its end (``retimed``) gets a brief first timing: 3 batches at least, no
+        # extra rounds; its row says ``brief_timing``.
         brief = self.retimed is not None and self.retimed(point)
-        timing = measure(call, warmup=1, repeat=15, min_repeat=3 if brief else 6,
-                         min_time=0.01, max_time=self.max_time,
-                         budget=0.0 if brief else self.max_time, probe=default_probe())
+        timing = self.full_timing(call) if not brief else measure(
+            call, warmup=1, repeat=15, min_repeat=3, min_time=0.01, max_time=self.max_time,
+            probe=default_probe())
         memory_method = "rss" if point.backend == "torch" else "tracemalloc"
         peak = peak_extra_memory(call, method=memory_method, warmup=0)
         result = {
@@ -331,8 +333,13 @@ class PointRunner:
                       threads=self.threads(point.backend),
                       call_overhead_ms=self.smallest_call(point)[0] * 1e3,
                       peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],
-                      memory_method=memory_method, device="cpu")
+                      memory_method=memory_method, device="cpu", brief_timing=brief)
         return result, out
+
+    def full_timing(self, call):
+        """The timing of a point's call as the sweep takes it (see :meth:`_time`)."""
+        return measure(call, warmup=1, repeat=15, min_repeat=6, min_time=0.01,
+                       max_time=self.max_time, budget=self.max_time, probe=default_probe())
 
     def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
         """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
