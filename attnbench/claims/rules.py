@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from attnbench.measure.intervals import paired_ratio_interval
 from attnbench.measure.timing import default_probe, interleaved, ratio_interval
 from attnbench.studies.fits import fit_power_law
 
@@ -158,9 +159,13 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
 
 
 def ratio(times: dict, numerator, denominator) -> tuple[float, float, float]:
-    """``(ratio, low, high)`` of two medians of :func:`interleaved_medians` (bootstrap 95%)."""
-    return ratio_interval(times[numerator]["timing"].samples,
-                          times[denominator]["timing"].samples)
+    """``(ratio, low, high)`` of two functions of :func:`interleaved_medians`: the median of
+    their per-round ratios with its 95% interval
+    (:func:`~attnbench.measure.intervals.paired_ratio_interval`), or, where too few rounds
+    are common to both, the ratio of their medians (bootstrap 95%)."""
+    a, b = times[numerator]["timing"], times[denominator]["timing"]
+    paired = paired_ratio_interval(a.samples, a.round_of, b.samples, b.round_of)
+    return paired if paired is not None else ratio_interval(a.samples, b.samples)
 
 
 def loglog_slope(x, y) -> tuple[float, float]:

@@ -39,6 +39,7 @@ class Timing:
     probe_slowdown: float = math.nan  # median probe time / its best (nan: no probe)
     set_aside: tuple[float, ...] = field(default=(), repr=False)  # disturbed samples
     wait_samples: tuple[float, ...] = ()  # run-queue wait of the process's threads per call
+    round_of: tuple[int, ...] = ()  # the sampling round of each kept sample
 
     @property
     def runs(self) -> int:

@@ -145,18 +145,18 @@ class _Series:
             calm = [i for i in quiet if slowdowns[i] <= 1 + probe.tolerance]
             if sum(len(self.rounds[i]) for i in calm) >= MIN_INTERVAL_SAMPLES:
                 quiet = calm
-        kept = [s for i in quiet for s in self.rounds[i]]
+        kept = [(*s, i) for i in quiet for s in self.rounds[i]]  # (..., its round)
         aside = [s[0] for i, r in enumerate(self.rounds) if i not in quiet for s in r]
         waited = [s[3] > WAIT_TOLERANCE * s[0] for s in kept]  # a nan wait did not
         if any(waited) and waited.count(False) >= MIN_INTERVAL_SAMPLES:
             aside += [s[0] for s, w in zip(kept, waited, strict=True) if w]
             kept = [s for s, w in zip(kept, waited, strict=True) if not w]
         slowdown = float(np.median([slowdowns[i] for i in quiet])) if slowdowns else math.nan
-        wall, cpu, thread, wait = (tuple(column) for column in zip(*kept, strict=True))
+        wall, cpu, thread, wait, round_of = (tuple(column) for column in zip(*kept, strict=True))
         return Timing(samples=wall, number=self.number, warmup=self.warmup, cpu_samples=cpu,
                       thread_samples=thread, taken=len(kept) + len(aside),
                       rounds=len(self.rounds), target=self.target, probe_slowdown=slowdown,
-                      set_aside=tuple(aside), wait_samples=wait)
+                      set_aside=tuple(aside), wait_samples=wait, round_of=round_of)
 
 
 def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,

@@ -52,6 +52,8 @@ REMEASURE_ROUNDS = 2 * MIN_INTERVAL_SAMPLES
 SERIES_ROUNDS = MIN_INTERVAL_SAMPLES + 2
 #: A series along L is measured interleaved when it has at least this many lengths.
 SERIES_MIN_POINTS = 3
+#: Seconds of further rounds per series while one of its points is still noisy.
+SERIES_EXTRA_SECONDS = 2.0
 
 Clock = Callable[[], float]
 
@@ -115,6 +117,7 @@ def _update(row: dict, timing: Timing, flag: str = "remeasured") -> None:
 
 def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,
                      total_budget: float, rounds: int = SERIES_ROUNDS, min_time: float = 0.01,
+                     extra: float = SERIES_EXTRA_SECONDS,
                      probe: Probe | None = None, clock: Clock = time.perf_counter,
                      cpu_clock: Clock = time.process_time,
                      thread_clock: Clock = time.thread_time,
@@ -142,6 +145,8 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
         Seconds for the whole pass: no series is started once it is spent.
     rounds : int, default SERIES_ROUNDS
         Rounds per series.
+    extra : float, default SERIES_EXTRA_SECONDS
+        Seconds of further rounds per series while one of its points is noisy.
 
     Returns
     -------
@@ -159,7 +164,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
             continue
         try:
             timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
-                                  min_time=min_time, probe=probe, clock=clock,
+                                  min_time=min_time, budget=extra, probe=probe, clock=clock,
                                   cpu_clock=cpu_clock, thread_clock=thread_clock, sleep=sleep)
         except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
             print(f"warning: timing the series of {_series_name(rows[group[0]])} again "
