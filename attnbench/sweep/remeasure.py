@@ -37,8 +37,9 @@ from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
 __all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MIN_POINTS", "SERIES_ROUNDS",
-           "complete_brief_timings", "length_series", "neighbours", "noisy_rows",
-           "read_against_peak", "remeasure_noisy", "remeasure_series"]
+           "complete_brief_timings", "length_series", "long_series", "neighbours",
+           "noisy_rows", "read_against_peak", "remeasure_noisy", "remeasure_series",
+           "series_key"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
@@ -70,23 +71,39 @@ def noisy_rows(rows: list[dict]) -> list[int]:
     return [i for i, row in enumerate(rows) if _timed_here(row) and bool(row.get("noisy"))]
 
 
+def series_key(item) -> tuple:
+    """The :data:`SERIES_KEYS` of a row (dict) or a point (attributes)."""
+    get = item.get if isinstance(item, dict) else lambda name: getattr(item, name)
+    return tuple(get(key) for key in SERIES_KEYS)
+
+
+def long_series(keyed_lengths) -> set:
+    """The keys, among ``(series_key, L)`` pairs, with at least :data:`SERIES_MIN_POINTS`
+    distinct lengths: the series along L the end of a sweep times again."""
+    lengths: dict = {}
+    for key, length in keyed_lengths:
+        lengths.setdefault(key, set()).add(length)
+    return {key for key, found in lengths.items() if len(found) >= SERIES_MIN_POINTS}
+
+
 def length_series(rows: list[dict]) -> list[list[int]]:
     """Indices of the ok CPU rows of each series along L (:data:`SERIES_KEYS`) with at
     least :data:`SERIES_MIN_POINTS` lengths, each in order of L; series in sweep order."""
+    timed = [i for i, row in enumerate(rows) if _timed_here(row)]
+    keep = long_series((series_key(rows[i]), rows[i]["L"]) for i in timed)
     groups: dict = {}
-    for i, row in enumerate(rows):
-        if _timed_here(row):
-            groups.setdefault(tuple(row.get(key) for key in SERIES_KEYS), []).append(i)
-    return [sorted(group, key=lambda i: rows[i]["L"]) for group in groups.values()
-            if len({rows[i]["L"] for i in group}) >= SERIES_MIN_POINTS]
+    for i in timed:
+        if series_key(rows[i]) in keep:
+            groups.setdefault(series_key(rows[i]), []).append(i)
+    return [sorted(group, key=lambda i: rows[i]["L"]) for group in groups.values()]
 
 
 def neighbours(rows: list[dict], index: int) -> list[int]:
     """Indices of the ok CPU rows of the same series with the next smaller and larger L."""
-    series = tuple(rows[index].get(key) for key in SERIES_KEYS)
+    series = series_key(rows[index])
     L = rows[index]["L"]
     same = [i for i, row in enumerate(rows) if i != index and _timed_here(row)
-            and tuple(row.get(key) for key in SERIES_KEYS) == series]
+            and series_key(row) == series]
     below = [i for i in same if rows[i]["L"] < L]
     above = [i for i in same if rows[i]["L"] > L]
     return ([max(below, key=lambda i: rows[i]["L"])] if below else []) + (

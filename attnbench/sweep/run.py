@@ -36,14 +36,14 @@ from attnbench.measure.probe import default_probe
 from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
 from attnbench.sweep.grid import Point
 from attnbench.sweep.remeasure import (
-    SERIES_KEYS,
-    SERIES_MIN_POINTS,
     complete_brief_timings,
     length_series,
+    long_series,
     noisy_rows,
     read_against_peak,
     remeasure_noisy,
     remeasure_series,
+    series_key,
 )
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
 
@@ -227,12 +227,8 @@ def _journal_again(rows: list[Row], journal) -> None:
 def _in_length_series(points: Sequence[Point]) -> Callable[[Point], bool]:
     """Whether a point belongs to a series along L that the end of the sweep times again
     (:func:`~attnbench.sweep.remeasure.length_series`: the same keys, enough lengths)."""
-    lengths: dict = {}
-    for point in points:
-        key = tuple(getattr(point, name) for name in SERIES_KEYS)
-        lengths.setdefault(key, set()).add(point.L)
-    series = {key for key, found in lengths.items() if len(found) >= SERIES_MIN_POINTS}
-    return lambda point: tuple(getattr(point, name) for name in SERIES_KEYS) in series
+    series = long_series((series_key(point), point.L) for point in points)
+    return lambda point: series_key(point) in series
 
 
 def _checked_cores() -> CoreCheck:
