@@ -226,3 +226,33 @@ def test_series_along_L_get_a_brief_first_timing_then_an_interleaved_one_journal
     assert not alone["brief_timing"] and not alone["series_interleaved"]
     journaled_rows = load_journal(tmp_path / "sweep.jsonl").rows  # the last row per key
     assert all(journaled_rows[key]["series_interleaved"] for key in series["point_key"])
+
+
+def blas_threads() -> int | None:
+    return peers.peer_threads("numpy")
+
+
+@pytest.mark.skipif(blas_threads() in (None, 1), reason="needs a BLAS with 2+ threads")
+def test_the_reference_is_timed_with_the_blas_on_one_thread_first_and_in_the_series_pass():
+    """Its small products ran 1.4-2x slower for stretches on two threads (measure.problems
+    .timing_threads); the numpy peer, a speed contender, keeps the sweep's threads."""
+    seen = {}
+
+    class Recording(PointRunner):
+        def make_call(self, point, q, k, v, kwargs):
+            call = super().make_call(point, q, k, v, kwargs)
+
+            def recorded():
+                seen.setdefault(point.backend, set()).add(blas_threads())
+                return call()
+            return recorded
+
+    before = blas_threads()
+    points = expand([Grid(L=(8, 16, 24), d_k=(4,), heads=(1,), backend=("reference", "numpy"))])
+    runner = Recording(max_time=0.002, gemm_peaks=QUICK["gemm_peaks"], settle=0.0)
+    table = run_sweep(points, runner=runner, threads=2, **QUICK).table
+    assert (table["status"] == "ok").all() and table["series_interleaved"].all()
+    assert seen == {"reference": {1}, "numpy": {2}}
+    assert set(table.loc[table["backend"] == "reference", "threads"]) == {1}
+    assert set(table.loc[table["backend"] == "numpy", "threads"]) == {2}
+    assert blas_threads() == before

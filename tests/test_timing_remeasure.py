@@ -206,3 +206,32 @@ def test_a_series_whose_calls_fail_keeps_its_first_timings(capsys):
     assert [r["median_ms"] for r in rows] == [r["median_ms"] for r in before]
     assert not any(row["series_interleaved"] for row in rows)
     assert "keep their first timings" in capsys.readouterr().err
+
+
+def test_each_series_and_each_noisy_group_is_timed_inside_its_backends_thread_limit():
+    import contextlib
+
+    rows = sweep_rows(noisy_L=(256,)) + sweep_rows(noisy_L=(), backend="reference")
+    entered, log = [], []
+
+    @contextlib.contextmanager
+    def threads_for(row):
+        entered.append(row["backend"])
+        log.append("enter")
+        yield
+        log.append("exit")
+
+    machine = SyntheticMachine(seed=7, noise=0.01)
+    make_call = traced_calls(machine, log)
+    remeasure_series(rows, make_call, total_budget=60.0, min_time=0.0, sleep=lambda s: None,
+                     threads_for=threads_for, **machine.clocks())
+    assert entered == ["numba", "reference"]
+    rows[2]["noisy"] = True  # still noisy after the pass: the noisy pass takes it
+    remeasure_noisy(rows, make_call, budget=0.0, total_budget=60.0, min_time=0.0,
+                    sleep=lambda s: None, threads_for=threads_for, **machine.clocks())
+    assert entered == ["numba", "reference", "numba"]
+    # Every call ran inside a limit: between an enter and its exit.
+    depth = 0
+    for item in log:
+        depth += {"enter": 1, "exit": -1}.get(item, 0)
+        assert depth in (0, 1) and (depth == 1 or item == "exit")

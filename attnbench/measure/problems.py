@@ -8,8 +8,9 @@ everywhere.  A problem is a :class:`ProblemSpec` (sizes and masking options);
 options, the vocabulary of the grids and of the CLI's ``--mask``.
 
 Also here, because every experiment needs them the same way: :func:`limit_threads`
-(Numba, the BLAS and OpenMP pools, torch), :func:`load_average`, and the tuning constants
-shared by every timer (:data:`SETTLE_SECONDS`).
+(Numba, the BLAS and OpenMP pools, torch), :func:`timing_threads` (the BLAS threads a
+backend is timed with), :func:`load_average`, and the tuning constants shared by every
+timer (:data:`SETTLE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from attnbench.measure import peers
 
 __all__ = [
     "BOOL_MASK_DENSITY", "DROPOUT_P", "MASK_KINDS", "SEED", "SETTLE_SECONDS", "ProblemSpec",
-    "limit_threads", "load_average", "make_inputs", "mask_options",
+    "ONE_BLAS_THREAD_BACKENDS", "limit_threads", "load_average", "make_inputs",
+    "mask_options", "timing_threads",
 ]
 
 #: Seed of every random input; each problem mixes in its own sizes and options.
@@ -194,6 +196,25 @@ def load_average() -> float:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return float("nan")
+
+
+#: Backends timed with the BLAS on one thread whatever the sweep's thread count: the
+#: reference, the oracle (its time is a question of scaling, not of speed).  Its products
+#: are small (L x d_k by d_k x L per head) and, on two threads, OpenBLAS's workers share
+#: packed panels and synchronise several times per product: on the 2-vCPU machine this
+#: suite was measured on, they ran 1.4-2x slower for stretches of seconds (both threads
+#: running, no run-queue wait, each vCPU alone as fast as ever: only their cooperation
+#: slowed), which bent the reference's L fit; one thread was not affected, and its CPU
+#: time is the call's work, not a spinning worker's (docs/design.md, Measuring).
+ONE_BLAS_THREAD_BACKENDS = frozenset({"reference"})
+
+
+def timing_threads(backend: str):
+    """The thread limit ``backend`` is timed under: the BLAS on one thread for the
+    :data:`ONE_BLAS_THREAD_BACKENDS`, nothing changed for the others (a context manager)."""
+    if backend in ONE_BLAS_THREAD_BACKENDS:
+        return threadpool_limits(limits=1, user_api="blas")
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

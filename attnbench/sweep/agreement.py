@@ -37,7 +37,13 @@ from attnbench.measure.machine import (
     summary_lines,
 )
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
-from attnbench.measure.problems import SETTLE_SECONDS, ProblemSpec, load_average, make_inputs
+from attnbench.measure.problems import (
+    SETTLE_SECONDS,
+    ProblemSpec,
+    load_average,
+    make_inputs,
+    timing_threads,
+)
 from attnbench.measure.timing import default_probe, fault, measure
 from kernels import available_backends, cuda_status, has_real_gpu
 
@@ -148,9 +154,11 @@ TIMING_EXTRAS = ("ci_low_ms", "ci_high_ms", "samples_taken", "noisy")
 
 
 def _time(case: _Case, backend: str, max_time: float) -> dict:
-    """Median time, IQR and GFLOP/s of the backend on ``case``."""
-    timing = measure(lambda: case.call(backend), warmup=1, repeat=7, min_time=1e-3,
-                     max_time=max_time, budget=max_time, probe=default_probe())
+    """Median time, IQR and GFLOP/s of the backend on ``case`` (the reference with the BLAS
+    on one thread, as a sweep times it: :func:`attnbench.measure.problems.timing_threads`)."""
+    with timing_threads(backend):
+        timing = measure(lambda: case.call(backend), warmup=1, repeat=7, min_time=1e-3,
+                         max_time=max_time, budget=max_time, probe=default_probe())
     extras = timing.row_columns()
     return {**timing.ms_columns(), "gflops": gflops(case.flops, timing.median),
             **{name: extras[name] for name in TIMING_EXTRAS}}

@@ -24,6 +24,7 @@ re-measurement.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -57,6 +58,10 @@ SERIES_MIN_POINTS = 3
 SERIES_EXTRA_SECONDS = 2.0
 
 Clock = Callable[[], float]
+
+
+def _unchanged(row: dict) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 def _timed_here(row: dict) -> bool:
@@ -138,7 +143,9 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
                      probe: Probe | None = None, clock: Clock = time.perf_counter,
                      cpu_clock: Clock = time.process_time,
                      thread_clock: Clock = time.thread_time,
-                     sleep: Callable[[float], object] = time.sleep) -> int:
+                     sleep: Callable[[float], object] = time.sleep,
+                     threads_for: Callable[[dict], contextlib.AbstractContextManager]
+                     = _unchanged) -> int:
     """Time every series along L again, all its points interleaved; rows updated in place.
 
     Series whose rows have a brief first timing (``brief_timing``: the sweep counted on
@@ -156,7 +163,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
 
     Parameters
     ----------
-    rows, make_call, min_time, probe, clock, cpu_clock, thread_clock, sleep
+    rows, make_call, min_time, probe, clock, cpu_clock, thread_clock, sleep, threads_for
         As for :func:`remeasure_noisy`.
     total_budget : float
         Seconds for the whole pass: no series is started once it is spent.
@@ -180,9 +187,11 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
         if clock() - started >= total_budget and not counted_on:
             continue
         try:
-            timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
-                                  min_time=min_time, budget=extra, probe=probe, clock=clock,
-                                  cpu_clock=cpu_clock, thread_clock=thread_clock, sleep=sleep)
+            with threads_for(rows[group[0]]):
+                timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
+                                      min_time=min_time, budget=extra, probe=probe,
+                                      clock=clock, cpu_clock=cpu_clock,
+                                      thread_clock=thread_clock, sleep=sleep)
         except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
             print(f"warning: timing the series of {_series_name(rows[group[0]])} again "
                   f"failed ({type(exc).__name__}: {exc}); its rows keep their first "
@@ -220,7 +229,9 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
                     probe: Probe | None = None, clock: Clock = time.perf_counter,
                     cpu_clock: Clock = time.process_time,
                     thread_clock: Clock = time.thread_time,
-                    sleep: Callable[[float], object] = time.sleep) -> int:
+                    sleep: Callable[[float], object] = time.sleep,
+                    threads_for: Callable[[dict], contextlib.AbstractContextManager]
+                    = _unchanged) -> int:
     """Measure the noisy rows again, each interleaved with its neighbours; rows updated in place.
 
     Parameters
@@ -241,6 +252,10 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
         Read around every round (rounds it saw disturbed are set aside).
     clock, cpu_clock, thread_clock, sleep
         As for :func:`attnbench.measure.timing.interleaved`.
+    threads_for : callable, optional
+        ``threads_for(row)`` -> the context (a thread limit) a series or a group of
+        neighbours, all of one backend, is timed in
+        (:func:`attnbench.measure.problems.timing_threads`); by default none.
 
     Returns
     -------
@@ -254,11 +269,12 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
         if left <= 0:
             break
         group = [index, *neighbours(rows, index)]
-        timings = interleaved({i: make_call(rows[i]) for i in group},
-                              rounds=REMEASURE_ROUNDS, min_time=min_time,
-                              budget=min(budget, left), probe=probe, watch=(index,),
-                              clock=clock, cpu_clock=cpu_clock, thread_clock=thread_clock,
-                              sleep=sleep)
+        with threads_for(rows[index]):
+            timings = interleaved({i: make_call(rows[i]) for i in group},
+                                  rounds=REMEASURE_ROUNDS, min_time=min_time,
+                                  budget=min(budget, left), probe=probe, watch=(index,),
+                                  clock=clock, cpu_clock=cpu_clock,
+                                  thread_clock=thread_clock, sleep=sleep)
         _update(rows[index], timings[index])
         done += 1
     return done

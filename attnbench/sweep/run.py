@@ -33,7 +33,12 @@ import pandas as pd
 from attnbench.measure.cores import CoreCheck, check_cores
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ahead
 from attnbench.measure.probe import default_probe
-from attnbench.measure.problems import SETTLE_SECONDS, limit_threads, load_average
+from attnbench.measure.problems import (
+    SETTLE_SECONDS,
+    limit_threads,
+    load_average,
+    timing_threads,
+)
 from attnbench.sweep.grid import Point
 from attnbench.sweep.remeasure import (
     complete_brief_timings,
@@ -295,10 +300,18 @@ def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: flo
         point = Point(**{name: row[name] for name in Point.__dataclass_fields__})
         return runner.make_call(point, *make_inputs(point))
 
-    remeasure_series(rows, make_call, probe=default_probe(),
+    def full_timing(row: Row):
+        with timing_threads(row["backend"]):
+            return runner.full_timing(make_call(row))
+
+    def threads_for(row: Row):
+        return timing_threads(row["backend"])
+
+    remeasure_series(rows, make_call, probe=default_probe(), threads_for=threads_for,
                      total_budget=SERIES_SHARE * (time.perf_counter() - started))
-    complete_brief_timings(rows, lambda row: runner.full_timing(make_call(row)))
+    complete_brief_timings(rows, full_timing)
     remeasure_noisy(rows, make_call, budget=budget, probe=default_probe(),
+                    threads_for=threads_for,
                     total_budget=REMEASURE_SHARE * (time.perf_counter() - started))
 
 

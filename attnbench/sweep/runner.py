@@ -59,7 +59,7 @@ from attnbench.measure import gpu_device, gpu_timing, peers
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
-from attnbench.measure.problems import SETTLE_SECONDS
+from attnbench.measure.problems import SETTLE_SECONDS, timing_threads
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
 from attnbench.sweep.calls import make_call, make_dout, make_inputs
 from attnbench.sweep.grid import Point
@@ -201,7 +201,7 @@ class PointRunner:
             return peers.peer_threads(backend)
         if backend == "numba":
             return numba.get_num_threads()
-        if backend == "reference":
+        if backend == "reference":  # one thread while timed (measure.problems.timing_threads)
             return peers.peer_threads("numpy")
         return None
 
@@ -301,6 +301,10 @@ class PointRunner:
                       mask_mod=variant_kwargs(point.variant, H, L).get("mask_mod"))
         if point.backend in GPU_BACKENDS:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
+        with timing_threads(point.backend):  # the reference: the BLAS on one thread
+            return self._time_on_cpu(point, flops, q, k, v, kwargs)
+
+    def _time_on_cpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
         call = self.make_call(point, q, k, v, kwargs)
         out = call()  # compiles on first use; this output is the one checked
         if point.direction == "backward":
