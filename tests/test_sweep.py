@@ -10,6 +10,7 @@ from attnbench.measure.oracle import oracle_dtype
 from attnbench.sweep import files as sweep_files
 from attnbench.sweep.files import load_results, save_results
 from attnbench.sweep.grid import Grid, Point, expand
+from attnbench.sweep.remeasure import in_long_series
 from attnbench.sweep.run import run_sweep, serial_executor
 from attnbench.sweep.runner import PointRunner, make_inputs
 
@@ -249,7 +250,8 @@ def test_the_reference_is_timed_with_the_blas_on_one_thread_first_and_in_the_ser
 
     before = blas_threads()
     points = expand([Grid(L=(8, 16, 24), d_k=(4,), heads=(1,), backend=("reference", "numpy"))])
-    runner = Recording(max_time=0.002, gemm_peaks=QUICK["gemm_peaks"], settle=0.0)
+    runner = Recording(max_time=0.002, gemm_peaks=QUICK["gemm_peaks"], settle=0.0,
+                       retimed=in_long_series(points))  # as run_sweep's own: series always
     table = run_sweep(points, runner=runner, threads=2, **QUICK).table
     assert (table["status"] == "ok").all() and table["series_interleaved"].all()
     assert seen == {"reference": {1}, "numpy": {2}}

@@ -13,11 +13,12 @@ from attnbench.sweep.remeasure import (
     REMEASURE_ROUNDS,
     SERIES_ROUNDS,
     complete_brief_timings,
-    length_series,
+    in_long_series,
     neighbours,
     noisy_rows,
     remeasure_noisy,
     remeasure_series,
+    series_groups,
 )
 from tests.test_timing_noise import SyntheticMachine, coverage_bounds
 
@@ -160,12 +161,12 @@ def test_a_series_timed_through_a_slower_stretch_is_timed_again_interleaved():
 def test_the_series_pass_stops_at_its_budget_and_says_which_rows_kept_their_timings():
     rows = sweep_rows() + sweep_rows(noisy_L=(), mask="causal")
     machine = SyntheticMachine(seed=4)
-    assert len(length_series(rows)) == 2
+    assert len(series_groups(rows)) == 2
     assert remeasure_series(rows, traced_calls(machine, []), total_budget=1e-9,
                             min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
     assert [row["series_interleaved"] for row in rows] == [True] * 5 + [False] * 5
     short = sweep_rows()[:2]  # 2 lengths: no series to fit, nothing to interleave
-    assert length_series(short) == []
+    assert series_groups(short) == []
 
 
 def test_a_series_with_brief_first_timings_is_timed_whatever_the_budget_and_any_left_get_full():
@@ -235,3 +236,26 @@ def test_each_series_and_each_noisy_group_is_timed_inside_its_backends_thread_li
     for item in log:
         depth += {"enter": 1, "exit": -1}.get(item, 0)
         assert depth in (0, 1) and (depth == 1 or item == "exit")
+
+
+def test_series_along_every_variable_are_found_and_those_sharing_a_point_timed_as_one():
+    def row(L=1024, d_k=64, heads=4, kv_heads=None, batch=1, backend="numba", **extra):
+        return {"backend": backend, "direction": "forward", "variant": "none", "L": L,
+                "d_k": d_k, "heads": heads, "kv_heads": heads if kv_heads is None else kv_heads,
+                "batch": batch, "mask": "none", "dtype": "float32", "status": "ok",
+                "device": "cpu", **extra}
+
+    rows = ([row(L=L) for L in (256, 512, 1024, 2048)]          # 0-3: L, shares 1024
+            + [row(d_k=d) for d in (16, 32, 128)]               # 4-6: d_k (+ row 2)
+            + [row(heads=h) for h in (1, 2, 8)]                 # 7-9: heads, kv = heads
+            + [row(heads=8, kv_heads=2)]                        # 10: GQA, another ratio
+            + [row(batch=b) for b in (2, 4)]                    # 11-12: batch (+ row 2)
+            + [row(L=L, backend="reference") for L in (128, 256, 512)]  # 13-15: apart
+            + [row(L=L, backend="numpy") for L in (256, 512)]   # 16-17: 2 lengths, none
+            + [row(d_k=8, status="failed")])                    # 18: not timed
+    groups = series_groups(rows)
+    assert groups == [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12], [13, 14, 15]]
+    # Before the sweep (points, no status yet): what series each point is in.
+    in_series = in_long_series(rows)
+    assert [in_series(r) for r in rows] == [True] * 10 + [False] + [True] * 5 + [False] * 2 + [
+        True]

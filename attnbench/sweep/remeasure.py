@@ -1,10 +1,15 @@
-"""A sweep's points measured again at its end: each series along L interleaved, then the
-points still noisy, interleaved with their neighbours in L.
+"""A sweep's points measured again at its end: each series interleaved, then the points
+still noisy, interleaved with their neighbours in L.
 
-:func:`remeasure_series` times every series along L again, one batch of each of its points
-per round, so that a slower stretch of the machine slows every length alike (the rows
-then say ``series_interleaved``); :func:`complete_brief_timings` gives the full timing to
-a point whose brief first timing no series pass replaced.  Then:
+A *series* is the points that differ in one scaling variable (L, d_k, heads, or batch)
+and agree in every other parameter, with at least :data:`SERIES_MIN_POINTS` values of it:
+what a scaling fit reads.  :func:`remeasure_series` times every series again, one batch of
+each of its points per round, so that a slower stretch of the machine slows every point of
+a fit alike (the rows then say ``series_interleaved``).  Series that share a point (the
+quick grid's numba L = 1024, d_k 64, 4 heads, batch 1 point is in its L, d_k, heads and
+batch series) are timed as one group, so that each row is timed once, beside every point
+it is fitted with.  :func:`complete_brief_timings` gives the full timing to a point whose
+brief first timing no series pass replaced.  Then:
 
 A point is *noisy* when its median's 95% interval is wider than the target or the probe
 saw interference while it was timed (:attr:`attnbench.measure.timing.Timing.noisy`), even
@@ -38,13 +43,19 @@ from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
 __all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MIN_POINTS", "SERIES_ROUNDS",
-           "complete_brief_timings", "length_series", "long_series", "neighbours",
+           "SERIES_VARIABLES", "complete_brief_timings", "in_long_series", "long_series",
+           "neighbours",
            "noisy_rows", "read_against_peak", "remeasure_noisy", "remeasure_series",
-           "series_key"]
+           "series_groups", "series_key"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
                "dtype")
+#: The variables a series varies, each with the parameters that vary with it (a series
+#: over heads keeps the heads per K/V head, as its scaling fit does).
+SERIES_VARIABLES = {"L": ("L",), "d_k": ("d_k",), "heads": ("heads", "kv_heads"),
+                    "batch": ("batch",)}
+_PARAMETERS = ("L", *SERIES_KEYS)
 
 #: Rounds a re-measurement always takes: twice the fewest with an interval, so that a
 #: point once found noisy is not called tight on a handful of fresh samples.
@@ -52,7 +63,7 @@ REMEASURE_ROUNDS = 2 * MIN_INTERVAL_SAMPLES
 
 #: Rounds of a series' interleaved measurement (each round: one batch of every point).
 SERIES_ROUNDS = MIN_INTERVAL_SAMPLES + 2
-#: A series along L is measured interleaved when it has at least this many lengths.
+#: A series is measured interleaved when it has at least this many values.
 SERIES_MIN_POINTS = 3
 #: Seconds of further rounds per series while one of its points is still noisy.
 SERIES_EXTRA_SECONDS = 2.0
@@ -76,31 +87,71 @@ def noisy_rows(rows: list[dict]) -> list[int]:
     return [i for i, row in enumerate(rows) if _timed_here(row) and bool(row.get("noisy"))]
 
 
-def series_key(item) -> tuple:
-    """The :data:`SERIES_KEYS` of a row (dict) or a point (attributes)."""
-    get = item.get if isinstance(item, dict) else lambda name: getattr(item, name)
-    return tuple(get(key) for key in SERIES_KEYS)
+def _getter(item):
+    return item.get if isinstance(item, dict) else lambda name: getattr(item, name)
 
 
-def long_series(keyed_lengths) -> set:
-    """The keys, among ``(series_key, L)`` pairs, with at least :data:`SERIES_MIN_POINTS`
-    distinct lengths: the series along L the end of a sweep times again."""
-    lengths: dict = {}
-    for key, length in keyed_lengths:
-        lengths.setdefault(key, set()).add(length)
-    return {key for key, found in lengths.items() if len(found) >= SERIES_MIN_POINTS}
+def series_key(item, variable: str = "L") -> tuple:
+    """What a row (dict) or a point (attributes) shares with the rest of its series along
+    ``variable``: every other parameter (for heads, the heads per K/V head), and the
+    variable's name.  Along L: the :data:`SERIES_KEYS`."""
+    get = _getter(item)
+    varied = SERIES_VARIABLES[variable]
+    key = tuple(get(name) for name in _PARAMETERS if name not in varied)
+    if variable == "heads":
+        key += (get("heads") // max(get("kv_heads") or 1, 1),)
+    return (variable, *key)
 
 
-def length_series(rows: list[dict]) -> list[list[int]]:
-    """Indices of the ok CPU rows of each series along L (:data:`SERIES_KEYS`) with at
-    least :data:`SERIES_MIN_POINTS` lengths, each in order of L; series in sweep order."""
+def _value(item, variable: str):
+    return _getter(item)(variable)
+
+
+def long_series(keyed_values) -> set:
+    """The keys, among ``(series_key, value)`` pairs, with at least
+    :data:`SERIES_MIN_POINTS` distinct values: the series the end of a sweep times again."""
+    values: dict = {}
+    for key, value in keyed_values:
+        values.setdefault(key, set()).add(value)
+    return {key for key, found in values.items() if len(found) >= SERIES_MIN_POINTS}
+
+
+def in_long_series(items) -> Callable[[object], bool]:
+    """For rows or points: ``f(item)``, whether ``item`` belongs to a series along any of
+    the :data:`SERIES_VARIABLES` with at least :data:`SERIES_MIN_POINTS` values."""
+    items = list(items)
+    keep = long_series((series_key(item, variable), _value(item, variable))
+                       for item in items for variable in SERIES_VARIABLES)
+    return lambda item: any(series_key(item, variable) in keep for variable in SERIES_VARIABLES)
+
+
+def series_groups(rows: list[dict]) -> list[list[int]]:
+    """Indices of the ok CPU rows of every series (:data:`SERIES_VARIABLES`, at least
+    :data:`SERIES_MIN_POINTS` values), series that share a row joined into one group;
+    each group in sweep order, groups in the order of their first row."""
     timed = [i for i, row in enumerate(rows) if _timed_here(row)]
-    keep = long_series((series_key(rows[i]), rows[i]["L"]) for i in timed)
-    groups: dict = {}
+    keep = long_series((series_key(rows[i], variable), _value(rows[i], variable))
+                       for i in timed for variable in SERIES_VARIABLES)
+    parent = {i: i for i in timed}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_of: dict = {}
     for i in timed:
-        if series_key(rows[i]) in keep:
-            groups.setdefault(series_key(rows[i]), []).append(i)
-    return [sorted(group, key=lambda i: rows[i]["L"]) for group in groups.values()]
+        for variable in SERIES_VARIABLES:
+            key = series_key(rows[i], variable)
+            if key in keep:
+                j = first_of.setdefault(key, i)
+                parent[root(i)] = root(j)
+    members: dict = {}
+    for i in timed:
+        if any(series_key(rows[i], variable) in keep for variable in SERIES_VARIABLES):
+            members.setdefault(root(i), []).append(i)
+    return sorted(members.values(), key=lambda group: group[0])
 
 
 def neighbours(rows: list[dict], index: int) -> list[int]:
@@ -146,7 +197,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
                      sleep: Callable[[float], object] = time.sleep,
                      threads_for: Callable[[dict], contextlib.AbstractContextManager]
                      = _unchanged) -> int:
-    """Time every series along L again, all its points interleaved; rows updated in place.
+    """Time every series again, all its points interleaved; rows updated in place.
 
     Series whose rows have a brief first timing (``brief_timing``: the sweep counted on
     this pass) are always timed; the others only while ``total_budget`` lasts.  A series
@@ -155,11 +206,12 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
     Each point of a series was timed on its own, one after the other: a stretch of a few
     tens of seconds in which the machine runs slower (another virtual machine on the host,
     a clock change; the process's threads do not wait, so the starved gauge sees nothing)
-    then slows some lengths and not others, and bends the fit.  Here every round times one
-    batch of each point of the series in turn (:func:`~attnbench.measure.timing.interleaved`),
-    so such a stretch slows all lengths alike and the fitted exponent keeps.  The rows get
-    these samples instead of the first ones (``series_interleaved`` True); a series not
-    timed keeps its first timings (False).
+    then slows some points and not others, and bends the fit.  Here every round times one
+    batch of each point of a group (:func:`series_groups`: a series, or series sharing a
+    point) in turn (:func:`~attnbench.measure.timing.interleaved`), so such a stretch slows
+    all its points alike and the fitted exponent keeps.  The rows get these samples
+    instead of the first ones (``series_interleaved`` True); a series not timed keeps its
+    first timings (False).
 
     Parameters
     ----------
@@ -182,7 +234,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
     for row in rows:
         if _timed_here(row):
             row.setdefault("series_interleaved", False)
-    for group in length_series(rows):
+    for group in series_groups(rows):
         counted_on = any(rows[i].get("brief_timing") for i in group)
         if clock() - started >= total_budget and not counted_on:
             continue

@@ -12,8 +12,9 @@ Unless the caller gives the GEMM peaks, the sweep probes them (:func:`gemm_peak_
 peak" against the maximum of them all: a peak probed while another process held a core
 would otherwise make the kernels look faster than the machine (above 100%).
 
-At the end of a sweep run here, every series along L is timed again with its points
-interleaved (a slower stretch of the machine then slows every length alike), within a share
+At the end of a sweep run here, every series (along L, d_k, heads or batch) is timed again
+with its points interleaved (a slower stretch of the machine then slows every point of a
+fit alike), within a share
 :data:`SERIES_SHARE` of the sweep's time; then the points still noisy are measured again,
 interleaved with their neighbours in L (:mod:`attnbench.sweep.remeasure`), within a share
 :data:`REMEASURE_SHARE`.
@@ -42,13 +43,12 @@ from attnbench.measure.problems import (
 from attnbench.sweep.grid import Point
 from attnbench.sweep.remeasure import (
     complete_brief_timings,
-    length_series,
-    long_series,
+    in_long_series,
     noisy_rows,
     read_against_peak,
     remeasure_noisy,
     remeasure_series,
-    series_key,
+    series_groups,
 )
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
 
@@ -61,7 +61,7 @@ PEAK_PROBES = 5
 #: The re-measurement of noisy points may take at most this fraction of the time the sweep
 #: took before it (its points and the series pass).
 REMEASURE_SHARE = 0.25
-#: The interleaved pass over the series along L may start series for at most this
+#: The interleaved pass over the series may start series for at most this
 #: multiple of the sweep's time so far: its points' first timings are brief (3 batches),
 #: and the pass takes 8 rounds of each, so on the quick grid it needs 0.6-0.8 of the time
 #: before it.
@@ -139,7 +139,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
         Seconds of extra rounds per point still noisy at the end of a serial sweep, spent
         re-measuring it interleaved with its neighbours in L (all such points together
         within :data:`REMEASURE_SHARE` of the sweep's time), after the interleaved pass
-        over the series along L (:func:`~attnbench.sweep.remeasure.remeasure_series`,
+        over the series (:func:`~attnbench.sweep.remeasure.remeasure_series`,
         within :data:`SERIES_SHARE`); default ``5 * max_time``, 0: neither pass.  Rows
         re-measured say ``remeasured``, those of the series pass ``series_interleaved``.
     check_threads : bool, default True
@@ -170,7 +170,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
             retime = runs_here(executor) and (remeasure_budget is None or remeasure_budget > 0)
             runner = PointRunner(max_time=max_time, oracle_limit=oracle_limit,
                                  memory_budget=memory_budget, gemm_peaks=gemm_peaks,
-                                 retimed=_in_length_series(points) if retime else None)
+                                 retimed=in_long_series(points) if retime else None)
         bar = _progress_bar(len(points), enabled=progress)
         # peak_extra_memory calls gc.collect() before each measurement; with torch, pandas
         # and matplotlib loaded that walks ~10^6 objects (0.1 s a point).  Frozen objects
@@ -229,13 +229,6 @@ def _journal_again(rows: list[Row], journal) -> None:
             journal.append(again)
 
 
-def _in_length_series(points: Sequence[Point]) -> Callable[[Point], bool]:
-    """Whether a point belongs to a series along L that the end of the sweep times again
-    (:func:`~attnbench.sweep.remeasure.length_series`: the same keys, enough lengths)."""
-    series = long_series((series_key(point), point.L) for point in points)
-    return lambda point: series_key(point) in series
-
-
 def _checked_cores() -> CoreCheck:
     """:func:`check_cores`, or, where its workload cannot run here, the configured threads
     with the wait unread (the sweep goes on as configured)."""
@@ -288,10 +281,10 @@ class _PeakProbes:
 
 
 def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: float) -> None:
-    """Every series along L timed again with its points interleaved, then the points still
+    """Every series timed again with its points interleaved, then the points still
     noisy with their neighbours (sweep.remeasure), each pass in a share of the sweep's time
     so far."""
-    if budget <= 0 or not (noisy_rows(rows) or length_series(rows)
+    if budget <= 0 or not (noisy_rows(rows) or series_groups(rows)
                            or any(row.get("brief_timing") for row in rows)):
         return
     time.sleep(SETTLE_SECONDS)  # the last point's worker threads go idle

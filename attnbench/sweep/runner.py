@@ -130,7 +130,7 @@ class PointRunner:
     gemm_peaks: dict = field(default_factory=dict)  # dtype name -> GFLOP/s
     settle: float = SETTLE_SECONDS
     allow_simulator: bool = False  # run cuda points in Numba's CUDA simulator (tiny grids only)
-    # Points timed again at the end of the sweep (their series along L, interleaved): a
+    # Points timed again at the end of the sweep (their series, interleaved): a
     # brief first timing (3 batches at least, no extra rounds) where this says so.
     retimed: Callable[[Point], bool] | None = None
     _oracles: OrderedDict = field(default_factory=OrderedDict, repr=False)
