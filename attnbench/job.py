@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.claims import ledger
+from attnbench.measure.problems import ONE_BLAS_THREAD_BACKENDS
 from attnbench.report import build as report
 from attnbench.report import heatmaps
 from attnbench.report import html as html_report
@@ -204,7 +205,8 @@ def sweep_command(args) -> int:
         executor, gemm_peaks, threads = serial_executor, None, args.threads
         resumed_threads = {int(row["threads"]) for row in done.values()
                            if isinstance(row.get("threads"), int | float)
-                           and row["threads"] == row["threads"]}  # not None, not nan
+                           and row["threads"] == row["threads"]  # not None, not nan
+                           and row.get("backend") not in ONE_BLAS_THREAD_BACKENDS}
         if threads is None and len(resumed_threads) == 1:
             # The new points run on the thread count of the resumed ones (the cores check
             # chose it, or --threads), so that one fit never mixes two counts.

@@ -102,11 +102,11 @@ def test_journaled_executor_skips_done_points_and_reruns_failed_ones(tmp_path):
 
 def test_serial_sweep_writes_the_journal_and_resume_reruns_nothing_done(tmp_path, capsys):
     args = ["sweep", "--L", "8", "16", "32", "--dk", "4", "--heads", "1", "--backend",
-            "numpy", "numba", "--out", str(tmp_path), *FAST]
+            "numpy", "numba", "reference", "--out", str(tmp_path), *FAST]
     assert main(args) == 0
     first = pd.read_csv(tmp_path / "sweep.csv")
     found = load_journal(tmp_path / "sweep.jsonl")
-    assert set(found.rows) == set(first["point_key"]) and len(first) == 6
+    assert set(found.rows) == set(first["point_key"]) and len(first) == 9
     assert found.machines and not first["resumed"].any()
     # Drop two points' rows from the journal, as if the sweep had died before them.
     lines = (tmp_path / "sweep.jsonl").read_text().splitlines()
@@ -117,10 +117,15 @@ def test_serial_sweep_writes_the_journal_and_resume_reruns_nothing_done(tmp_path
     assert "Threads: " in capsys.readouterr().out  # the first run checked its cores
     assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr().out
-    assert "Resume: 4 of 6 points are done" in printed
-    assert "Threads: " not in printed  # ... the resumed one takes the done rows' threads
+    assert "Resume: 7 of 9 points are done" in printed
+    # ... the resumed one takes the done rows' threads (the reference's rows, timed on one
+    # BLAS thread whatever the count, do not count).
+    assert "Threads: " not in printed
     second = pd.read_csv(tmp_path / "sweep.csv")
-    assert second["threads"].nunique() == 1 and second["threads"].iloc[0] == first["threads"][0]
+    others = second[second["backend"] != "reference"]
+    assert others["threads"].nunique() == 1
+    assert others["threads"].iloc[0] == first.loc[first["backend"] == "numba", "threads"].iloc[0]
+    assert (second.loc[second["backend"] == "reference", "threads"] == 1).all()
     assert list(second["point_key"]) == list(first["point_key"])  # the points' order
     rerun = second[~second["resumed"]]
     assert set(rerun["point_key"]) == dropped
@@ -140,3 +145,17 @@ def test_bad_cluster_specs_are_usage_errors(spec, capsys):
         main(["sweep", "--cluster", spec])
     assert info.value.code == 2
     assert "expected local:N" in capsys.readouterr().err
+
+
+def test_a_brief_timing_no_end_of_sweep_pass_replaced_is_not_done(tmp_path):
+    """A sweep interrupted before its series pass journaled brief first timings: on resume
+    those points run again (a resumed row is never re-measured)."""
+    points = expand([Grid(L=(8, 16, 32, 64), d_k=(4,), heads=(1,), backend=("numpy",))])
+    path = tmp_path / "sweep.jsonl"
+    with Journal(path) as journal:
+        journal.append({**fake_row(points[0]), "brief_timing": True})
+        journal.append({**fake_row(points[1]), "brief_timing": True,
+                        "series_interleaved": True})
+        journal.append({**fake_row(points[2]), "brief_timing": True, "remeasured": True})
+        journal.append({**fake_row(points[3]), "brief_timing": False})
+    assert set(load_journal(path).done()) == {point_key(p) for p in points[1:]}

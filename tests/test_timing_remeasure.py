@@ -259,3 +259,22 @@ def test_series_along_every_variable_are_found_and_those_sharing_a_point_timed_a
     in_series = in_long_series(rows)
     assert [in_series(r) for r in rows] == [True] * 10 + [False] + [True] * 5 + [False] * 2 + [
         True]
+
+
+def test_a_joined_group_too_large_is_split_into_its_series_each_row_timed_once():
+    from attnbench.sweep.remeasure import SERIES_MAX_GROUP, series_count
+
+    rows = [{"backend": "numba", "direction": "forward", "variant": "none", "L": L, "d_k": d,
+             "heads": 4, "kv_heads": 4, "batch": b, "mask": "none", "dtype": "float32",
+             "status": "ok", "device": "cpu"}
+            for L in (256, 512, 1024, 2048) for d in (16, 32, 64) for b in (1, 2, 4)]
+    assert len(rows) > SERIES_MAX_GROUP  # 36 rows, every one in an L, d_k and batch series
+    groups = series_groups(rows)
+    flat = sorted(i for group in groups for i in group)
+    assert flat == list(range(len(rows)))  # every row once
+    assert all(len(group) <= SERIES_MAX_GROUP for group in groups)
+    # Split along L first: 9 series of 4 lengths, each holding all its rows.
+    assert sorted(len(group) for group in groups) == [4] * 9
+    assert series_count(rows, groups[0]) == 1
+    small = [row for row in rows if row["batch"] == 1]  # 12 rows: L and d_k series joined
+    assert len(series_groups(small)) == 1 and series_count(small, list(range(12))) == 7

@@ -22,13 +22,16 @@ Shared by the claims ledger (:mod:`attnbench.claims.ledger`) and its check modul
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import numba
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from attnbench.measure.intervals import paired_ratio_interval
+from attnbench.measure.problems import SETTLE_SECONDS
 from attnbench.measure.timing import default_probe, interleaved, ratio_interval
 from attnbench.studies.fits import fit_power_law
 
@@ -131,12 +134,15 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
     rounds, max_time, budget
         See above.
     cpu : bool, default False
-        Measure the *cost* instead of the wall-clock time: Numba runs on one thread
-        (:func:`numba.set_num_threads`, restored afterwards) and the clock is the process's
-        CPU time (:func:`time.process_time`).  Time the process spends descheduled while
-        other processes use the cores does not count, so the ratios stay put on a busy,
-        shared machine (wall-clock ratios there swing by 2-3x: a parallel launch waits for
-        a thread that another process holds).
+        Measure the *cost* instead of the wall-clock time: Numba and the BLAS run on one
+        thread (:func:`numba.set_num_threads`, threadpoolctl; restored afterwards) and the
+        clock is the process's CPU time (:func:`time.process_time`).  Time the process
+        spends descheduled while other processes use the cores does not count, so the
+        ratios stay put on a busy, shared machine (wall-clock ratios there swing by 2-3x: a
+        parallel launch waits for a thread that another process holds).  The timing starts
+        :data:`~attnbench.measure.problems.SETTLE_SECONDS` after the limit: the process's
+        CPU time counts every thread, and a BLAS worker left spinning by an earlier
+        multi-threaded product (50-100 ms) would otherwise count as the call's work.
 
     Returns
     -------
@@ -146,13 +152,14 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
     """
     clock = time.process_time if cpu else time.perf_counter
     previous = numba.get_num_threads()
-    if cpu:
-        numba.set_num_threads(1)
-    try:
+    with contextlib.ExitStack() as limits:
+        if cpu:
+            numba.set_num_threads(1)
+            limits.callback(numba.set_num_threads, previous)
+            limits.enter_context(threadpool_limits(limits=1, user_api="blas"))
+            time.sleep(SETTLE_SECONDS)  # spinning workers of earlier calls go idle
         timings = interleaved(functions, rounds=3 * rounds, min_time=max_time / 3,
                               budget=budget, probe=default_probe(), clock=clock)
-    finally:
-        numba.set_num_threads(previous)
     return {name: {"median": t.median, "iqr": t.iqr, "samples": t.runs, "ci_low": t.ci95[0],
                    "ci_high": t.ci95[1], "noisy": t.noisy, "timing": t}
             for name, t in timings.items()}

@@ -209,12 +209,15 @@ def load_average() -> float:
 ONE_BLAS_THREAD_BACKENDS = frozenset({"reference"})
 
 
+@contextlib.contextmanager
 def timing_threads(backend: str):
-    """The thread limit ``backend`` is timed under: the BLAS on one thread for the
-    :data:`ONE_BLAS_THREAD_BACKENDS`, nothing changed for the others (a context manager)."""
-    if backend in ONE_BLAS_THREAD_BACKENDS:
-        return threadpool_limits(limits=1, user_api="blas")
-    return contextlib.nullcontext()
+    """Within it, the thread limit ``backend`` is timed under: the BLAS on one thread for
+    the :data:`ONE_BLAS_THREAD_BACKENDS`, nothing changed for the others; restored on exit."""
+    if backend not in ONE_BLAS_THREAD_BACKENDS:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 @contextlib.contextmanager

@@ -98,6 +98,12 @@ def _plain(value):
     return str(value)
 
 
+def _brief_only(row: dict) -> bool:
+    """A row timed briefly for a series pass that did not replace it."""
+    return (bool(row.get("brief_timing")) and not row.get("series_interleaved")
+            and not row.get("remeasured"))
+
+
 @dataclass
 class JournalContents:
     """What :func:`load_journal` found."""
@@ -108,9 +114,11 @@ class JournalContents:
     unreadable_lines: int = 0  # lines that are not JSON (cut short by a crash)
 
     def done(self) -> dict[str, dict]:
-        """Rows of the points that need not run again (ok or skipped)."""
+        """Rows of the points that need not run again: skipped, or ok with their final
+        timing (a brief first timing that the end-of-sweep pass never replaced, in a sweep
+        interrupted before it, is not final: the point runs again)."""
         return {key: row for key, row in self.rows.items()
-                if row.get("status") in DONE_STATUSES}
+                if row.get("status") in DONE_STATUSES and not _brief_only(row)}
 
 
 def load_journal(path) -> JournalContents:

@@ -42,11 +42,10 @@ from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
 from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
-__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MIN_POINTS", "SERIES_ROUNDS",
-           "SERIES_VARIABLES", "complete_brief_timings", "in_long_series", "long_series",
-           "neighbours",
-           "noisy_rows", "read_against_peak", "remeasure_noisy", "remeasure_series",
-           "series_groups", "series_key"]
+__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MAX_GROUP", "SERIES_MIN_POINTS",
+           "SERIES_ROUNDS", "SERIES_VARIABLES", "complete_brief_timings", "in_long_series",
+           "long_series", "neighbours", "noisy_rows", "read_against_peak", "remeasure_noisy",
+           "remeasure_series", "series_count", "series_groups", "series_key"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
@@ -67,6 +66,8 @@ SERIES_ROUNDS = MIN_INTERVAL_SAMPLES + 2
 SERIES_MIN_POINTS = 3
 #: Seconds of further rounds per series while one of its points is still noisy.
 SERIES_EXTRA_SECONDS = 2.0
+#: Most rows a group of joined series is timed in (:func:`series_groups`).
+SERIES_MAX_GROUP = 32
 
 Clock = Callable[[], float]
 
@@ -125,13 +126,30 @@ def in_long_series(items) -> Callable[[object], bool]:
     return lambda item: any(series_key(item, variable) in keep for variable in SERIES_VARIABLES)
 
 
+def _kept_series(rows: list[dict], indices) -> set:
+    return long_series((series_key(rows[i], variable), _value(rows[i], variable))
+                       for i in indices for variable in SERIES_VARIABLES)
+
+
+def series_count(rows: list[dict], group: list[int]) -> int:
+    """How many series (:func:`series_groups`) the rows of ``group`` make up."""
+    keep = _kept_series(rows, group)
+    return len({series_key(rows[i], variable) for i in group for variable in SERIES_VARIABLES}
+               & keep)
+
+
 def series_groups(rows: list[dict]) -> list[list[int]]:
     """Indices of the ok CPU rows of every series (:data:`SERIES_VARIABLES`, at least
     :data:`SERIES_MIN_POINTS` values), series that share a row joined into one group;
-    each group in sweep order, groups in the order of their first row."""
+    each group in sweep order, groups in the order of their first row.
+
+    A joined group of more than :data:`SERIES_MAX_GROUP` rows (a large grid crossing
+    several variables: its calls' inputs would all be held at once) is split into its
+    series again, each row in the first series of :data:`SERIES_VARIABLES` order that holds
+    it, so that every row is still timed once.
+    """
     timed = [i for i, row in enumerate(rows) if _timed_here(row)]
-    keep = long_series((series_key(rows[i], variable), _value(rows[i], variable))
-                       for i in timed for variable in SERIES_VARIABLES)
+    keep = _kept_series(rows, timed)
     parent = {i: i for i in timed}
 
     def root(i):
@@ -151,7 +169,18 @@ def series_groups(rows: list[dict]) -> list[list[int]]:
     for i in timed:
         if any(series_key(rows[i], variable) in keep for variable in SERIES_VARIABLES):
             members.setdefault(root(i), []).append(i)
-    return sorted(members.values(), key=lambda group: group[0])
+    groups = []
+    for group in members.values():
+        if len(group) <= SERIES_MAX_GROUP:
+            groups.append(group)
+            continue
+        apart: dict = {}
+        for i in group:
+            first = next(key for key in (series_key(rows[i], variable)
+                                         for variable in SERIES_VARIABLES) if key in keep)
+            apart.setdefault(first, []).append(i)
+        groups.extend(apart.values())
+    return sorted(groups, key=lambda group: group[0])
 
 
 def neighbours(rows: list[dict], index: int) -> list[int]:
@@ -222,7 +251,8 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
     rounds : int, default SERIES_ROUNDS
         Rounds per series.
     extra : float, default SERIES_EXTRA_SECONDS
-        Seconds of further rounds per series while one of its points is noisy.
+        Seconds of further rounds per series (a group: this times its series) while one
+        of its points is noisy.
 
     Returns
     -------
@@ -241,7 +271,8 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
         try:
             with threads_for(rows[group[0]]):
                 timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
-                                      min_time=min_time, budget=extra, probe=probe,
+                                      min_time=min_time,
+                                      budget=extra * series_count(rows, group), probe=probe,
                                       clock=clock, cpu_clock=cpu_clock,
                                       thread_clock=thread_clock, sleep=sleep)
         except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
@@ -260,7 +291,7 @@ def _series_name(row: dict) -> str:
 
 
 def complete_brief_timings(rows: list[dict], full_timing: Callable[[dict], Timing]) -> int:
-    """Rows whose brief first timing no series pass replaced (too few lengths left ok, a
+    """Rows whose brief first timing no series pass replaced (too few values left ok, a
     failed series) get the sweep's full timing (``full_timing(row)``) instead."""
     done = 0
     for row in rows:
