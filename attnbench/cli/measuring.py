@@ -42,7 +42,7 @@ def add_run(subparsers) -> None:
             "softmax stability, parameter arithmetic and the claims ledger "
             "(OUT/sections/), and render OUT/report.html from those files. "
             "Measured on 2 cores with Numba's compile cache warm and torch installed: the "
-            "whole job 190-200 s quiet, 235 s beside one busy process (which makes it run "
+            "whole job 190-210 s quiet, 235-260 s beside one busy process (which makes it run "
             "on 1 thread); a fresh clone adds the kernels' first compilation. "
             "Exit status: 0 if every backend agrees everywhere and every sweep point "
             "ran (or was skipped for a stated reason) within the tolerance and every study "
