@@ -272,7 +272,8 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
             with threads_for(rows[group[0]]):
                 timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
                                       min_time=min_time,
-                                      budget=extra * series_count(rows, group), probe=probe,
+                                      budget=extra * max(1, series_count(rows, group)),
+                                      probe=probe,
                                       clock=clock, cpu_clock=cpu_clock,
                                       thread_clock=thread_clock, sleep=sleep)
         except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
