@@ -117,25 +117,28 @@ def long_series(keyed_values) -> set:
     return {key for key, found in values.items() if len(found) >= SERIES_MIN_POINTS}
 
 
+def _series_keys(item) -> tuple:
+    """The item's :func:`series_key` along each of the :data:`SERIES_VARIABLES`."""
+    return tuple(series_key(item, variable) for variable in SERIES_VARIABLES)
+
+
+def _kept_series(items) -> set:
+    """The keys of the series among ``items`` (rows or points) with enough values."""
+    return long_series((series_key(item, variable), _value(item, variable))
+                       for item in items for variable in SERIES_VARIABLES)
+
+
 def in_long_series(items) -> Callable[[object], bool]:
     """For rows or points: ``f(item)``, whether ``item`` belongs to a series along any of
     the :data:`SERIES_VARIABLES` with at least :data:`SERIES_MIN_POINTS` values."""
-    items = list(items)
-    keep = long_series((series_key(item, variable), _value(item, variable))
-                       for item in items for variable in SERIES_VARIABLES)
-    return lambda item: any(series_key(item, variable) in keep for variable in SERIES_VARIABLES)
-
-
-def _kept_series(rows: list[dict], indices) -> set:
-    return long_series((series_key(rows[i], variable), _value(rows[i], variable))
-                       for i in indices for variable in SERIES_VARIABLES)
+    keep = _kept_series(list(items))
+    return lambda item: any(key in keep for key in _series_keys(item))
 
 
 def series_count(rows: list[dict], group: list[int]) -> int:
     """How many series (:func:`series_groups`) the rows of ``group`` make up."""
-    keep = _kept_series(rows, group)
-    return len({series_key(rows[i], variable) for i in group for variable in SERIES_VARIABLES}
-               & keep)
+    members = [rows[i] for i in group]
+    return len({key for item in members for key in _series_keys(item)} & _kept_series(members))
 
 
 def series_groups(rows: list[dict]) -> list[list[int]]:
@@ -149,7 +152,8 @@ def series_groups(rows: list[dict]) -> list[list[int]]:
     it, so that every row is still timed once.
     """
     timed = [i for i, row in enumerate(rows) if _timed_here(row)]
-    keep = _kept_series(rows, timed)
+    keep = _kept_series(rows[i] for i in timed)
+    kept = {i: [key for key in _series_keys(rows[i]) if key in keep] for i in timed}
     parent = {i: i for i in timed}
 
     def root(i):
@@ -160,14 +164,11 @@ def series_groups(rows: list[dict]) -> list[list[int]]:
 
     first_of: dict = {}
     for i in timed:
-        for variable in SERIES_VARIABLES:
-            key = series_key(rows[i], variable)
-            if key in keep:
-                j = first_of.setdefault(key, i)
-                parent[root(i)] = root(j)
+        for key in kept[i]:
+            parent[root(i)] = root(first_of.setdefault(key, i))
     members: dict = {}
     for i in timed:
-        if any(series_key(rows[i], variable) in keep for variable in SERIES_VARIABLES):
+        if kept[i]:
             members.setdefault(root(i), []).append(i)
     groups = []
     for group in members.values():
@@ -176,9 +177,7 @@ def series_groups(rows: list[dict]) -> list[list[int]]:
             continue
         apart: dict = {}
         for i in group:
-            first = next(key for key in (series_key(rows[i], variable)
-                                         for variable in SERIES_VARIABLES) if key in keep)
-            apart.setdefault(first, []).append(i)
+            apart.setdefault(kept[i][0], []).append(i)  # its first series
         groups.extend(apart.values())
     return sorted(groups, key=lambda group: group[0])
 

@@ -293,12 +293,12 @@ def _remeasure(rows: list[Row], runner: PointRunner, started: float, budget: flo
         point = Point(**{name: row[name] for name in Point.__dataclass_fields__})
         return runner.make_call(point, *make_inputs(point))
 
-    def full_timing(row: Row):
-        with timing_threads(row["backend"]):
-            return runner.full_timing(make_call(row))
-
     def threads_for(row: Row):
         return timing_threads(row["backend"])
+
+    def full_timing(row: Row):
+        with threads_for(row):
+            return runner.full_timing(make_call(row))
 
     remeasure_series(rows, make_call, probe=default_probe(), threads_for=threads_for,
                      total_budget=SERIES_SHARE * (time.perf_counter() - started))
