@@ -32,6 +32,10 @@ class _Mod:
 
     #: Names of the user functions inside (for error messages).
     user_names: tuple = ()
+    #: A built-in's constructor name and arguments, e.g. ``("softcap", 30.0)``, or a
+    #: combination and its parts, ``("and", first, second)``: what the reference's own
+    #: formulas (:mod:`kernels.reference_mods`) read.  None for a user function.
+    formula: tuple | None = None
 
     def __init__(self, name: str):
         self.name = name

@@ -48,6 +48,7 @@ class BlockMask(MaskMod):
                  Lq: int, Lk: int, seconds: float):
         super().__init__(f"block_mask({inner!r}, table {table.shape})")
         self.mask_mod = inner
+        self.formula = ("block_mask", inner)
         self.table = table
         self.cell_q, self.cell_k, self.Lq, self.Lk = cell_q, cell_k, Lq, Lk
         self.seconds = seconds

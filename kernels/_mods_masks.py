@@ -14,8 +14,9 @@ from ._mods_user import as_mask_mod
 
 
 class _BuiltinMask(MaskMod):
-    def __init__(self, name, element_source, tile_source, data, check=None):
+    def __init__(self, name, element_source, tile_source, data, check=None, formula=None):
         super().__init__(name)
+        self.formula = formula
         self._element_source = element_source
         self._tile_source = tile_source
         self._data = data
@@ -68,7 +69,8 @@ def sliding_window(left: int, right: int = 0) -> MaskMod:
     """
     left, right = _int("left", left), _int("right", right)
     return _BuiltinMask(f"sliding_window(left={left}, right={right})", _window_element,
-                        _window_tile, (np.int64(left), np.int64(right)))
+                        _window_tile, (np.int64(left), np.int64(right)),
+                        formula=("sliding_window", left, right))
 
 
 def _prefix_element(b, h, q_idx, kv_idx, args):
@@ -120,7 +122,8 @@ def prefix_lm(prefix_lengths) -> MaskMod:
                              f"scalar for a batch of {B}")
 
     name = f"prefix_lm({lengths.tolist() if lengths.size <= 8 else '...'})"
-    return _BuiltinMask(name, _prefix_element, _prefix_tile, (lengths,), check)
+    return _BuiltinMask(name, _prefix_element, _prefix_tile, (lengths,), check,
+                        formula=("prefix_lm", lengths))
 
 
 def _document_element(b, h, q_idx, kv_idx, args):
@@ -177,7 +180,7 @@ def document(doc_ids) -> MaskMod:
             )
 
     return _BuiltinMask(f"document(doc_ids {ids.shape})", _document_element, _document_tile,
-                        (ids,), check)
+                        (ids,), check, formula=("document", ids))
 
 
 # Score built-ins are written per dtype (F: the scores' Numba type, also a cast), so that
@@ -191,6 +194,7 @@ class _CombinedMask(MaskMod):
     def __init__(self, op, first: MaskMod, second: MaskMod):
         super().__init__(f"{op}_masks({first!r}, {second!r})")
         self.op, self.first, self.second = op, first, second
+        self.formula = (op, first, second)
         self.analytic = first.analytic and second.analytic
         self.user_names = first.user_names + second.user_names
 

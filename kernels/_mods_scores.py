@@ -15,8 +15,9 @@ from ._mods_user import as_score_mod
 
 
 class _BuiltinScore(ScoreMod):
-    def __init__(self, name, source_factory, grad_factory, data, check=None):
+    def __init__(self, name, source_factory, grad_factory, data, check=None, formula=None):
         super().__init__(name)
+        self.formula = formula
         self._factory = source_factory
         self._grad_factory = grad_factory
         self._data = data  # floats are cast to the scores' dtype by args()
@@ -109,7 +110,8 @@ def alibi(slopes) -> ScoreMod:
     if not np.isfinite(arr).all():
         raise ValueError("slopes must be finite")
     return _BuiltinScore(f"alibi({arr.size} slopes)", _alibi_source, _unit_grad_source,
-                         (np.ascontiguousarray(arr),), _per_head("slopes", arr, "slopes"))
+                         (np.ascontiguousarray(arr),), _per_head("slopes", arr, "slopes"),
+                         formula=("alibi", arr))
 
 
 def softcap(cap: float) -> ScoreMod:
@@ -124,7 +126,7 @@ def softcap(cap: float) -> ScoreMod:
     if not (np.isfinite(cap) and cap > 0):
         raise ValueError(f"cap must be finite and > 0; got {cap}")
     return _BuiltinScore(f"softcap({cap})", _softcap_source, _softcap_grad_source,
-                         (np.float64(cap),))
+                         (np.float64(cap),), formula=("softcap", float(cap)))
 
 
 def relative_bias(table) -> ScoreMod:
@@ -140,7 +142,7 @@ def relative_bias(table) -> ScoreMod:
         raise ValueError(f"table must have shape (H, 2*R + 1) (an odd width); got {arr.shape}")
     return _BuiltinScore(f"relative_bias(table {arr.shape})", _relative_bias_source,
                          _unit_grad_source, (np.ascontiguousarray(arr),),
-                         _per_head("table", arr, "rows"))
+                         _per_head("table", arr, "rows"), formula=("relative_bias", arr))
 
 
 
@@ -148,6 +150,7 @@ class _ChainedScore(ScoreMod):
     def __init__(self, first: ScoreMod, second: ScoreMod):
         super().__init__(f"chain({first!r}, {second!r})")
         self.first, self.second = first, second
+        self.formula = ("chain", first, second)
         self.user_names = first.user_names + second.user_names
 
     def args(self, dtype=np.float64):

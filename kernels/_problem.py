@@ -85,11 +85,13 @@ class AttentionProblem:
         strides = [s // self.mask.itemsize for s in self.mask.strides]
         return tuple(0 if n == 1 else s for n, s in zip(self.mask.shape, strides, strict=True))
 
-    def visible(self) -> np.ndarray:
+    def visible(self, mask_mod_visible=None) -> np.ndarray:
         """Boolean visibility of every (b, h, i, j) pair, shape (B, H, Lq, Lk).
 
         Materialises an L x L array: meant for the reference, tests and FLOP counting
-        of small problems, never for the fast backends.
+        of small problems, never for the fast backends.  ``mask_mod_visible(mod, B, H,
+        Lq, Lk)`` evaluates the mask function (default: its compiled element function,
+        :meth:`~kernels.mods.MaskMod.dense`); the reference passes its own definitions.
         """
         B, H, _, Lq, Lk, _, _ = self.shape
         i = np.arange(Lq)[:, None]
@@ -102,7 +104,8 @@ class AttentionProblem:
         if self.mask is not None:
             vis &= self.visibility_mask()
         if self.mask_mod is not None:
-            vis &= self.mask_mod.dense(B, H, Lq, Lk)
+            dense = mask_mod_visible or type(self.mask_mod).dense
+            vis &= dense(self.mask_mod, B, H, Lq, Lk)
         return vis
 
     def restore(self, x: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import reference_mods
 from ._dropout import keep_mask
 from ._validate import AttentionProblem
 
@@ -85,10 +86,10 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     with np.errstate(invalid="ignore", over="ignore"):
         scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
         if problem.score_mod is not None:  # on the scaled scores, before the mask
-            scores = problem.score_mod.dense(scores, ct)
+            scores = reference_mods.scores(problem.score_mod, scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
-    visible = problem.visible()  # (B, H, Lq, Lk)
+    visible = problem.visible(reference_mods.visible)  # (B, H, Lq, Lk)
     weights = _softmax_visible(scores, visible)  # (B, H, Lq, Lk)
 
     probs = weights

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import reference_mods
 from ._dropout import keep_mask
 from ._validate import AttentionProblem
 from .reference import _softmax_visible, _weighted_values
@@ -65,7 +66,7 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
     k = np.repeat(problem.k.astype(ct), group, axis=1)  # (B, H, Lk, D)
     v = np.repeat(problem.v.astype(ct), group, axis=1)  # (B, H, Lk, Dv)
     do = dout.astype(ct)  # (B, H, Lq, Dv)
-    visible = problem.visible()  # (B, H, Lq, Lk)
+    visible = problem.visible(reference_mods.visible)  # (B, H, Lq, Lk)
     sees_a_key = visible.any(axis=-1)  # (B, H, Lq)
 
     with np.errstate(invalid="ignore", over="ignore"):
@@ -73,7 +74,7 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
         score_grad = None
         if problem.score_mod is not None:  # f and f' at X, before the mask
             score_grad = _score_grad(problem.score_mod, scores)
-            scores = problem.score_mod.dense(scores, ct)
+            scores = reference_mods.scores(problem.score_mod, scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
         probs = _softmax_visible(scores, visible)  # P, (B, H, Lq, Lk)
@@ -108,7 +109,7 @@ def _score_grad(score_mod, scores: np.ndarray) -> np.ndarray:
     """f'(X) of a score function at every score, in the scores' dtype (evaluated in float64
     for a dtype the compiled derivatives do not take, ``np.longdouble``)."""
     work = scores.dtype if scores.dtype in (np.float32, np.float64) else np.dtype(np.float64)
-    return score_mod.dense_grad(scores.astype(work)).astype(scores.dtype)
+    return reference_mods.score_grads(score_mod, scores.astype(work)).astype(scores.dtype)
 
 
 def run(problem: AttentionProblem, dout: np.ndarray, out=None, lse=None):
