@@ -49,7 +49,7 @@ import numpy as np
 from numba import cuda
 
 from . import _mods_compile as mc
-from ._cuda_device import SIMULATOR, _device, make_dot, tile_functions
+from ._cuda_device import SIMULATOR, _device, make_compensated_dot, tile_functions
 
 #: Largest head size (D and Dv) the kernel supports: the size of its per-thread arrays.
 MAX_HEAD_DIM = 256
@@ -67,7 +67,7 @@ def kernel_source(dtype, mask_fn, tile_fn, score_fn):
     F = numba.from_dtype(np.dtype(dtype))
     ZERO = F(0)
     NEG_INF = F(-np.inf)
-    dot_product = make_dot(F)
+    dot_product = make_compensated_dot(F)  # the scores: see its docstring
     load_tile, accumulate_tile, finish_row = tile_functions(F)
 
     @_device

@@ -58,7 +58,7 @@ def _logsumexp_visible(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
 
 
 def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False,
-        return_lse=False):
+        return_lse=False, scores_from=None):
     """Attention for a validated problem; returns ``(out, weights or None)``.
 
     With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq) is the log-sum-exp
@@ -73,6 +73,11 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
         in ``np.longdouble`` (the oracle for float64 inputs).
     keep_precision : bool, default False
         Return results in ``compute_dtype`` instead of rounding them to the input dtype.
+    scores_from : dtype, optional
+        Compute the scaled scores ``Q Kᵀ · scale`` in this wider dtype and round them to
+        ``compute_dtype``: the formula as an implementation whose dot products are
+        correctly rounded evaluates it (the second tolerance baseline,
+        :func:`attnbench.measure.oracle.oracle`).
     """
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
     group = H // Hkv
@@ -84,7 +89,13 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     # Hidden keys may hold garbage (inf, NaN): their scores are computed by the matmul but
     # replaced by -inf before the softmax, so the warnings they raise are noise.
     with np.errstate(invalid="ignore", over="ignore"):
-        scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
+        if scores_from is None:
+            scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # (B, H, Lq, Lk)
+        else:
+            wide = np.dtype(scores_from).type
+            k_wide = np.repeat(problem.k.astype(wide), group, axis=1)
+            scores = ((problem.q.astype(wide) @ k_wide.swapaxes(-1, -2))
+                      * wide(problem.scale)).astype(ct)
         if problem.score_mod is not None:  # on the scaled scores, before the mask
             scores = reference_mods.scores(problem.score_mod, scores, ct)
         if problem.mask is not None:

@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 
 import kernels
-from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
+from attnbench.measure.oracle import max_abs_error, oracle_runs, tolerance
 from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: F401 (re-exported)
-from kernels import reference
 
 DTYPES = (np.float32, np.float64)
 
@@ -45,8 +44,7 @@ def oracle(q, k, v, **kwargs):
     """
     kwargs = dict(kwargs, return_weights=True)
     problem = kernels.prepare(q, k, v, **kwargs)
-    exact = reference.run(problem, compute_dtype=oracle_dtype(problem.dtype), keep_precision=True)
-    plain = reference.run(problem, compute_dtype=problem.dtype)
+    exact, plain = oracle_runs(problem)
     exact = tuple(problem.restore(x) for x in exact)
     plain = tuple(problem.restore(x) for x in plain)
     return exact, plain
