@@ -40,6 +40,7 @@ from ._numba_tiles import (
     _all_finite,
     _block_state,
     _finish_rows,
+    _finite_part,
     _mask_score,
     _mask_tile_count,
     _rescale_add,
@@ -213,11 +214,22 @@ def _attend_block_mods(q, k, v, mask, mask_strides, has_mask, key_lengths, causa
         v_tile = v[b, hk, j0:j1]  # (nk, Dv)
         o = o_buf[:rows]
         # A BLAS product would turn a hidden NaN value into 0 · NaN: a partly hidden tile
-        # holding a non-finite value goes through the loops, which skip p = 0.
-        if blas is None or (not full and not _all_finite(v_tile)):
+        # holding a non-finite value is multiplied with those entries read as 0 (the same
+        # product, so the same bits for the rows that see none of them), then the
+        # non-finite values are added where p ≠ 0, as the loops (which skip p = 0) add them.
+        nonfinite = blas is not None and not full and not _all_finite(v_tile)
+        if blas is None:
             _values_by_loops(s, v_tile, o)
         else:
-            _values_by_blas(s, v_tile, o)
+            _values_by_blas(s, _finite_part(v_tile) if nonfinite else v_tile, o)
+        if nonfinite:
+            for rr in range(rows):
+                for c in range(nk):
+                    p = s[rr, c]
+                    if p != 0:
+                        for d in range(o.shape[1]):
+                            if not np.isfinite(v_tile[c, d]):
+                                o[rr, d] += p * v_tile[c, d]
         _rescale_add(acc, o, correction, r_lo)
 
     _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse, b, h, i0)

@@ -143,6 +143,21 @@ def _all_finite(x):
     return total == 0
 
 
+@njit(cache=True, fastmath=_FASTMATH)
+def _finite_part(x):
+    """A copy of the 2-D array ``x`` with its non-finite entries set to 0.
+
+    For the BLAS product of a partly hidden tile holding a non-finite value: a hidden pair
+    (p = 0) then adds p · 0 = 0, as it adds p · x = 0 for any finite x, so a row that sees
+    no non-finite value gets the very bits it gets when the hidden entries are finite.
+    """
+    clean = np.empty_like(x)
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            clean[r, c] = x[r, c] if np.isfinite(x[r, c]) else 0
+    return clean
+
+
 # --- the online softmax of one row, shared with the kernel with mods (_numba_mods) ----------
 
 

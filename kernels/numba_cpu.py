@@ -73,6 +73,7 @@ from ._numba_tiles import (  # noqa: F401  (re-exported)
     _all_finite,
     _block_state,
     _finish_rows,
+    _finite_part,
     _mask_score,
     _mask_tile_count,
     _rescale_add,
@@ -177,23 +178,22 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
             _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan,
                          correction, threshold, keep_scale, seed, b, h, i, j0)
         v_tile = v[b, hk, j0:j1]  # (nk, Dv)
-        # The loops skip p = 0 and never read a hidden value; a BLAS product would turn a
-        # hidden NaN into 0 · NaN, so with the BLAS a partly hidden tile holding a
-        # non-finite value is summed over visible keys only.
-        if blas is None or not partial or _all_finite(v_tile):
-            o = o_buf[:rows]
-            if blas is None:  # (rows, Dv); hidden pairs have p = 0 and finite values
-                _values_by_loops(s, v_tile, o)
-            else:
-                _values_by_blas(s, v_tile, o)
-            _rescale_add(acc, o, correction, r_lo)
-        else:  # a non-finite value in a partly hidden tile: sum over visible keys only
+        o = o_buf[:rows]
+        # The loops skip p = 0 and never read a hidden value.  A BLAS product would turn a
+        # hidden NaN into 0 · NaN: a partly hidden tile holding a non-finite value is
+        # multiplied with those entries read as 0, then the non-finite values each row
+        # sees are added to it.  The rows that see none get the same bits as with finite
+        # hidden entries (the same BLAS product, adding p · 0 where it added p · x = 0).
+        nonfinite = blas is not None and partial and not _all_finite(v_tile)
+        if blas is None:  # (rows, Dv); hidden pairs have p = 0 and finite values
+            _values_by_loops(s, v_tile, o)
+        else:
+            _values_by_blas(s, _finite_part(v_tile) if nonfinite else v_tile, o)
+        _rescale_add(acc, o, correction, r_lo)
+        if nonfinite:
             for rr in range(rows):
                 r = r_lo + rr
                 i = i0 + r
-                c_r = correction[rr]
-                for d in range(Dv):
-                    acc[r, d] *= c_r
                 hi = nk
                 if causal:
                     hi = max(min(nk, i + causal_offset + 1 - j0), 0)
@@ -201,9 +201,9 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 for c in range(hi):
                     if tile_mask and not _mask_score(zero, mask[m0 + c * mask_j], neg_inf)[1]:
                         continue
-                    p = s[rr, c]
                     for d in range(Dv):
-                        acc[r, d] += p * v_tile[c, d]
+                        if not np.isfinite(v_tile[c, d]):  # visible: it reaches the row
+                            acc[r, d] += s[rr, c] * v_tile[c, d]
         j0 = j1
 
     _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse, b, h, i0)

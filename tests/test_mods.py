@@ -426,6 +426,26 @@ def test_keys_hidden_by_a_mask_function_are_never_read(serial, monkeypatch, garb
         np.testing.assert_array_equal(after[:, :, rows], before[:, :, rows])
 
 
+@pytest.mark.parametrize("garbage", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("use_blas", [True, False], ids=["blas", "loops"])
+def test_garbage_in_partly_hidden_tiles_changes_no_visible_bit(serial, monkeypatch, garbage,
+                                                                use_blas):
+    """A window of 37 keys (not a multiple of any tile): keys 0..39 hold garbage; rows from
+    77 on do not see them, but share the key tiles that hold them with keys they see."""
+    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", use_blas and numba_cpu.HAVE_BLAS)
+    q, k, v = _qkv(B=1, H=2, Hkv=1, Lq=150, D=8)
+    for mask_mod in (mods.sliding_window(37), mods.alibi(np.ones(2))):
+        kw = ({"mask_mod": mask_mod} if isinstance(mask_mod, mods.MaskMod)
+              else {"score_mod": mask_mod, "mask_mod": mods.sliding_window(37)})
+        before = kernels.attention(q, k, v, backend="numba", **kw)
+        k2, v2 = k.copy(), v.copy()
+        k2[:, :, :40] = garbage
+        v2[:, :, :40] = garbage
+        after = kernels.attention(q, k2, v2, backend="numba", **kw)
+        np.testing.assert_array_equal(after[:, :, 77:], before[:, :, 77:])
+        assert not np.isfinite(after[:, :, :40]).all()  # rows that see the garbage get it
+
+
 # --- block masks ---------------------------------------------------------------------------------
 
 
