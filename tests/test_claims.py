@@ -24,6 +24,7 @@ from attnbench.claims.rules import (
     rounds_to,
     side,
 )
+from attnbench.measure.flops import attention_flops
 
 #: Claims whose verdict rests on timings; their verdicts are not asserted here.
 TIMED = {"C12", "C18", "C27", "C29"}
@@ -42,18 +43,19 @@ def test_every_claim_has_a_row_and_a_verdict(ledger):
     assert (ledger["measured"].str.len() > 0).all()
     caveats = ledger[ledger["verdict"] == CAVEAT]
     assert (caveats["condition"].str.len() > 0).all()
-    assert ledger["seconds"].sum() < 60
 
 
 def test_deterministic_verdicts(ledger):
     # Verdicts decided by exact arithmetic or seeded data: the same on every machine.
     expected = {
-        "C02": HOLDS, "C03": CAVEAT, "C05": FAILS, "C06": HOLDS, "C07": HOLDS, "C08": HOLDS,
-        "C09": HOLDS, "C10": HOLDS, "C11": CAVEAT, "C15": CAVEAT, "C16": CAVEAT,
-        "C17": HOLDS, "C22": FAILS, "C23": FAILS, "C24": HOLDS, "C25": CAVEAT, "C28": HOLDS,
-        "C31": CAVEAT,
+        "C01": CAVEAT, "C02": HOLDS, "C03": CAVEAT, "C04": HOLDS, "C05": FAILS, "C06": HOLDS,
+        "C07": HOLDS, "C08": HOLDS, "C09": HOLDS, "C10": HOLDS, "C11": CAVEAT, "C13": HOLDS,
+        "C14": CAVEAT, "C15": CAVEAT, "C16": CAVEAT, "C17": HOLDS, "C19": CAVEAT,
+        "C20": CAVEAT, "C21": HOLDS, "C22": FAILS, "C23": FAILS, "C24": HOLDS, "C25": CAVEAT,
+        "C26": HOLDS, "C28": HOLDS, "C30": CAVEAT, "C31": CAVEAT,
     }
     assert not TIMED & set(expected)
+    assert TIMED | set(expected) == set(ledger["id"])  # every untimed claim is asserted
     assert {cid: ledger.loc[cid, "verdict"] for cid in expected} == expected
 
 
@@ -154,7 +156,9 @@ def test_c26_dropout_fraction():
 
 
 def test_c27_c29_flop_counts():
-    assert 2 * 12 * 512 * 512 * (64 + 64) == 4 * 512 * 512 * 768  # 12 x 64 = 1 x 768
+    # 12 heads of 64 cost what one head of 768 costs (the FLOP count the claims use)
+    assert attention_flops(1, 12, 512, 512, 64) == attention_flops(1, 1, 512, 512, 768) \
+        == 2 * 12 * 512 * 512 * (64 + 64)
     assert checks_cost.bert_layer_flops(512) / checks_cost.bert_layer_flops(192) \
         == pytest.approx(2.84, abs=0.01)
 
