@@ -23,8 +23,8 @@ import pandas as pd
 from attnbench.measure.machine import BUSY_LOAD_PER_CORE, busy_machine
 from attnbench.report import variants
 from attnbench.report.sections import TONES, Section, tone_of
-from attnbench.studies.scaling import SKIPPING_BACKENDS
-from attnbench.studies.variants import WINDOW_VARIABLE, skipping_table
+from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE
+from attnbench.studies.variants import skipping_table
 
 __all__ = ["Card", "cards", "render_cards", "summary_section"]
 
