@@ -119,24 +119,3 @@ def test_claims_filter_offers_each_verdict_with_its_count():
     controls = claims_filter(ledger)
     assert "all (3)" in controls and "holds (2)" in controls and "does-not-hold (1)" in controls
     assert 'id="claims-filter-all" checked' in controls
-
-
-@pytest.mark.parametrize(("row", "words"), [
-    ({"outcome": "not confirmed", "slope": 0.7, "ci95": 0.1, "expected": 1},
-     "O(d_k) not confirmed: the slope 0.70 ± 0.10 is below 1"),
-    ({"outcome": "not confirmed", "slope": 0.4, "ci95": 0.1, "expected": 1},
-     "O(d_k) not confirmed: the slope 0.40 ± 0.10 is below 1; the nearest whole power is O(1)"),
-    ({"outcome": "confirmed", "slope": 1.02, "ci95": 0.05, "expected": 1},
-     "O(d_k) confirmed: 1 lies within the slope's interval [0.97, 1.07] widened by ±0.1"),
-    ({"outcome": "inconclusive", "slope": 1.0, "ci95": 0.5, "expected": 1},
-     "inconclusive: the 95% interval (±0.50) is wider than ±0.3"),
-    ({"outcome": "inconclusive", "slope": float("nan"), "ci95": float("nan"), "expected": 1,
-      "n_used": 2}, "no fit: 2 usable point(s), 3 needed"),
-])
-def test_fit_verdicts_read_as_plain_english(row, words):
-    from attnbench.report.verdicts import reading
-
-    text = reading({"variable": "d_k", "quantity": "time", "backend": "numba", **row})
-    assert text.startswith(words), text
-    # never the self-contradiction "O(d_k) not confirmed ... (closest: O(d_k))"
-    assert not (text.startswith("O(d_k) not") and "O(d_k)" in text[6:])

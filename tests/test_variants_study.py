@@ -6,8 +6,8 @@ import pytest
 
 from attnbench.measure.intervals import format_samples
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import scaling_table
-from attnbench.studies.variants import WINDOW_VARIABLE, skipping_table, window_fits
+from attnbench.studies.scaling import WINDOW_VARIABLE, scaling_table, window_fits
+from attnbench.studies.variants import skipping_table
 
 LENGTHS = (1024, 1600, 2560, 4096)
 WIDTHS = (64, 256)

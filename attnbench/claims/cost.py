@@ -40,7 +40,13 @@ from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import CLASS_NAMES, TOLERANCE, lower_order_dominates, lower_term
+from attnbench.studies.scaling import (
+    CLASS_NAMES,
+    TOLERANCE,
+    exponent_text,
+    lower_order_dominates,
+    lower_term,
+)
 from kernels import reference
 
 
@@ -176,7 +182,7 @@ def c12() -> Result:
               "samples": [times[L]["samples"] for L in C12_LENGTHS],
               "memory_slope_reference": memory["reference"],
               "memory_slope_numba": memory["numba"], "load_average": load_average()}
-    measured = (f"CPU time ∝ L^{fit.slope:.2f} [{fit.ci_low:.2f}, {fit.ci_high:.2f}] (95%, "
+    measured = (f"CPU time ∝ {exponent_text('L', fit.slope, fit.ci_low, fit.ci_high)} (95%, "
                 f"{fit.method.replace('x', 'L')}; the L^p term is "
                 f"{fit.dominance():.0%} of the largest L's time; best class "
                 f"{CLASS_NAMES[fit.best_class].format(v='L')} in "

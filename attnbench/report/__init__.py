@@ -2,7 +2,8 @@
 
 - :mod:`~attnbench.report.build`: reads a results folder and builds the report.
 - :mod:`~attnbench.report.summary`: the cards at the top, one per question.
-- :mod:`~attnbench.report.verdicts`: the scaling verdicts in plain words, more plots.
+- :mod:`~attnbench.report.verdicts`: the scaling section, its verdicts as
+  :mod:`attnbench.studies.scaling` decided them, more plots.
 - :mod:`~attnbench.report.html`: writes the HTML page; :mod:`~attnbench.report.tables`
   its tables (formatted numbers, verdict colours).
 - :mod:`~attnbench.report.plots`: the figures; :mod:`~attnbench.report.heatmaps` the

@@ -6,10 +6,12 @@ anything again:
 
 - ``agreement.csv`` (``run``'s agreement check) -> the agreement section;
 - ``sweep.parquet`` or ``sweep.csv`` with ``sweep.json`` -> the sweep section and the
-  scaling section (the fits are recomputed from the saved rows: fitting is arithmetic,
-  not measuring); with rows from several hosts or devices (:mod:`attnbench.report.hosts`), a
-  hosts section and a sweep and a scaling section per host and device
-  (:func:`sweep_sections`);
+  scaling section (the fits are recomputed from the saved rows by
+  :func:`attnbench.studies.scaling.scaling_table`, the function whose verdicts the console
+  printed: fitting is arithmetic, not measuring, and its verdicts are shown as it decides
+  them, never reworded here); with rows from several hosts or devices
+  (:mod:`attnbench.report.hosts`), a hosts section and a sweep and a scaling section per
+  host and device (:func:`sweep_sections`);
 - ``sections/`` -> the sections saved as they were computed (the attention heat maps,
   the softmax-stability study, parameter arithmetic, the claims ledger), in order;
 - ``machine.json`` / ``sweep.json`` -> the machine record, last.

@@ -29,7 +29,13 @@ from attnbench.report.heatmaps import (  # noqa: F401  (re-exported)
     heatmap_section,
     heatmap_weights,
 )
-from attnbench.studies.scaling import fit_from_row, fit_mask, interval, memory_growth
+from attnbench.studies.scaling import (
+    exponent_text,
+    fit_from_row,
+    fit_mask,
+    interval,
+    memory_growth,
+)
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]
@@ -110,7 +116,7 @@ def _fit_row(fits: pd.DataFrame | None, quantity: str, fixed: dict, variable: st
 
 def _lower_values(fit, rows: pd.DataFrame):
     """The values of a fit's lower-order term at ``rows``: L for a window fit against L·W
-    (``lower_term == "g"``, :func:`attnbench.studies.variants.window_fits`); None where the
+    (``lower_term == "g"``, :func:`attnbench.studies.scaling.window_fits`); None where the
     term is a function of x (or absent) and :meth:`PowerFit.predict` knows it."""
     return rows["L"].to_numpy(float) if fit.lower_term == "g" else None
 
@@ -217,9 +223,7 @@ def scaling_figure(table: pd.DataFrame, fits: pd.DataFrame | None, *, quantity: 
             fit = None if row is None else fit_from_row(row)
             if fit is not None:
                 _band(ax, fit, color, scale, series[series["_used"]], variable)
-                base = f"({variable})" if "·" in variable else variable  # (L·W)^0.95
-                low, high = interval(fit)
-                label += f": {base}^{fit.slope:.2f} [{low:.2f}, {high:.2f}]"
+                label += ": " + exponent_text(variable, fit.slope, *interval(fit))
                 fitted = fit.predict(x[used], _lower_values(fit, series[used]))
                 res.plot(x[used], y[used] * scale / fitted, "o-", color=color, ms=4)
             else:

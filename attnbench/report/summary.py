@@ -23,8 +23,8 @@ import pandas as pd
 from attnbench.measure.machine import BUSY_LOAD_PER_CORE, busy_machine
 from attnbench.report import variants
 from attnbench.report.sections import TONES, Section, tone_of
-from attnbench.studies.scaling import SKIPPING_BACKENDS
-from attnbench.studies.variants import WINDOW_VARIABLE, skipping_table
+from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, row_exponent
+from attnbench.studies.variants import skipping_table
 
 __all__ = ["Card", "cards", "render_cards", "summary_section"]
 
@@ -49,32 +49,20 @@ def _worst(tones) -> str:
     return "none"
 
 
-def _pm(row) -> str:
-    """``^1.98 [1.95, 2.01]``: the slope and its 95% interval (a bootstrap interval is not
-    symmetric; ``± ci95`` for a row without its ends)."""
-    ci, low, high = row.get("ci95"), row.get("ci_low"), row.get("ci_high")
-    if pd.isna(row.get("slope")):
-        return "no fit"
-    if not (pd.isna(low) or pd.isna(high)):
-        return f"^{row['slope']:.2f} [{low:.2f}, {high:.2f}]"
-    return f"^{row['slope']:.2f}" + ("" if pd.isna(ci) else f" ± {ci:.2f}")
-
-
-def _usable(row) -> str:
-    n = row.get("n_used")
-    return "too few usable points" if pd.isna(n) else f"{int(n)} usable point(s), 3 needed"
-
-
 def _outcome(row) -> str:
-    """The fit's outcome (``outcome`` column, else read from the verdict text)."""
+    """The fit's outcome as :mod:`attnbench.studies.scaling` decided it (its ``outcome``
+    column; "measured" where a row has none): never read again from the numbers."""
     outcome = row.get("outcome")
-    if isinstance(outcome, str) and outcome:
-        return outcome
-    text = str(row.get("verdict", ""))
-    for word in ("not confirmed", "confirmed", "inconclusive"):
-        if word in text:
-            return word
-    return "measured"
+    return outcome if isinstance(outcome, str) and outcome else "measured"
+
+
+def _fit_line(quantity: str, row) -> str:
+    """``time ∝ L^1.98 [1.95, 2.01]`` as the console writes it
+    (:func:`attnbench.studies.scaling.row_exponent`), or why there is no fit."""
+    if pd.isna(row.get("slope")):
+        reason = row.get("conclusion")
+        return f"no fit ({reason})" if isinstance(reason, str) and reason else "no fit"
+    return f"{quantity} ∝ {row_exponent(row)}"
 
 
 def agreement_card(agreement: pd.DataFrame | None, sweep: pd.DataFrame | None) -> Card:
@@ -105,7 +93,6 @@ def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link, *,
     if fits is None or fits.empty:
         return []
     rows = fits[(fits["quantity"] == quantity) & (fits["variable"] == variable)]
-    base = f"({variable})" if "·" in variable else variable  # (L·W)^0.93
     result = []
     for backend in backends or list(dict.fromkeys(rows["backend"])):
         mine = rows[rows["backend"] == backend]
@@ -118,15 +105,13 @@ def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link, *,
                    "warn": "inconclusive", "none": "not fitted"}[tone]
         if tone != "ok" and confirmed:
             verdict = f"confirmed in {confirmed} of {len(outcomes)} series"
-        lines = [f"{row['mask']}, {row['dtype']}: "
-                 + (f"{quantity} ∝ {base}{_pm(row)} ({outcome})"
-                    if not pd.isna(row.get("slope"))
-                    else f"no fit ({_usable(row)})")
+        lines = [f"{row['mask']}, {row['dtype']}: " + _fit_line(quantity, row)
+                 + ("" if pd.isna(row.get("slope")) else f" ({outcome})")
                  for (_, row), outcome in zip(mine.iterrows(), outcomes, strict=True)]
         order = ["_o", "ci95"] if "ci95" in mine else ["_o"]  # other fit columns may come
         best = mine.assign(_o=[o == "confirmed" for o in outcomes]).sort_values(
             order, ascending=[False, True][:len(order)], na_position="last").iloc[0]
-        number = (f"{quantity} ∝ {base}{_pm(best)}" if not pd.isna(best.get("slope"))
+        number = (_fit_line(quantity, best) if not pd.isna(best.get("slope"))
                   else "too few usable points")
         result.append(Card(question.format(backend=backend), verdict, tone, number, link,
                            lines[:4] + ([f"… {len(lines) - 4} more in the Fits table"]

@@ -7,7 +7,7 @@
 - :func:`backward_figures`: time and memory of the backward pass against L, with their
   fits, for the scaling section.
 - :func:`variants_section`: the sliding windows' fit of time against L·W
-  (:func:`attnbench.studies.variants.window_fits`), and the speed-up of block skipping
+  (:func:`attnbench.studies.scaling.window_fits`), and the speed-up of block skipping
   against the density of visible pairs (:func:`attnbench.studies.variants.skipping_table`),
   a table and a plot.
 """
@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 
 from attnbench.report import plots
 from attnbench.report.sections import Section
-from attnbench.studies.scaling import SKIPPING_BACKENDS, with_parameters
-from attnbench.studies.variants import WINDOW_VARIABLE, skipping_table
+from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, with_parameters
+from attnbench.studies.variants import skipping_table
 from attnbench.sweep.variants import window_size
 
 __all__ = ["backward_figures", "select", "skipping_figure", "split_directions",

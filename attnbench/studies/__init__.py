@@ -1,12 +1,13 @@
 """Studies: what the sweeps and kernels are used to find out.
 
 - :mod:`~attnbench.studies.scaling`: power-law fits (time, FLOPs, memory against L, d_k,
-  heads, batch) with intervals and verdicts.
+  heads, batch, and sliding windows' time against L·W) with intervals and verdicts; the one
+  place a scaling verdict is decided (the report shows it as stored).
 - :mod:`~attnbench.studies.fits`: the one fit behind them: c + a·x^p (with a lower-order
   term b·g where the claim needs one) with a bootstrap interval over the samples, and the
   complexity class of least residual.
-- :mod:`~attnbench.studies.variants`: sliding windows' time against L·W, the speed-up of
-  block skipping against the density of visible pairs.
+- :mod:`~attnbench.studies.variants`: the speed-up of block skipping against the density
+  of visible pairs (it builds on ``scaling``, never the other way round).
 - :mod:`~attnbench.studies.stability`: softmax saturation with and without the 1/√d_k scale.
 - :mod:`~attnbench.studies.params`: parameter arithmetic of published models.
 """

@@ -29,16 +29,25 @@ on the same machine gives the same verdict as the last one.  An exponent within
 ``TOLERANCE`` of the expected one is "that power" (L², linear in d_k, heads and batch;
 for memory against L: at most linear for the fused numba kernel, quadratic for the
 backends that build the L x L scores; the same for a backward pass, whose series are
-fitted apart from the forward's).  A causal sliding window of fixed W costs O(L·W): its
-time against L is expected linear (the fit against L·W over several W is
-:func:`attnbench.studies.variants.window_fits`).  *Confirmed*: the whole interval lies within
+fitted apart from the forward's).  *Confirmed*: the whole interval lies within
 ``expected ± TOLERANCE`` (for an upper bound: below ``expected + TOLERANCE``); *not
 confirmed*: the whole interval lies outside; *inconclusive*: the interval straddles a
 boundary (the text says which), or the fitted overhead c (and the lower-order term) is
 more than ``OVERHEAD_DOMINATES`` of the largest point's time (the range says little about
 the leading term's growth), or a time fit uses a point that was *starved* (timed while the
 process's threads waited for cores other processes held; such a point's time is inflated
-by scheduler slices however tight its interval).
+by scheduler slices however tight its interval).  This module is the one place a scaling
+verdict is decided: :func:`scaling_table` stores each fit's outcome, its line
+(``verdict``, what the console prints) and the conclusion with its reason
+(``conclusion``), and the report shows them as stored; :func:`exponent_text` writes an
+exponent and its interval for both.
+
+Sliding windows: a causal window of fixed W costs O(L·W), so its time against L is
+expected linear, and :func:`window_fits` fits the time of the ``window-W`` points against
+``x = L·W`` over every L and W of a series (expected p = 1).  The kernels walk keys in
+cells of 64, so a block of queries also reads up to 64 keys past its window: the work is
+∝ L·(W + 64) = L·W + 64·L, and the fit has a lower-order term in L,
+``t = c + b·L + a·(L·W)^p`` (without it, small W bend p below 1).
 """
 
 from __future__ import annotations
@@ -48,9 +57,11 @@ import pandas as pd
 
 from attnbench.measure.intervals import parse_samples
 from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
+from attnbench.sweep.variants import window_size
 
-__all__ = ["PowerFit", "fit_mask", "fit_power_law", "fit_row", "fit_series", "scaling_table",
-           "verdict", "with_parameters"]
+__all__ = ["WINDOW_VARIABLE", "PowerFit", "exponent_text", "fit_mask", "fit_power_law",
+           "fit_row", "fit_series", "row_exponent", "scaling_table", "verdict", "verdict_parts",
+           "window_fits", "with_parameters"]
 
 #: Without samples, fit time points only where t >= OVERHEAD_FACTOR x the smallest call ...
 OVERHEAD_FACTOR = 100
@@ -66,6 +77,8 @@ OVERHEAD_DOMINATES = 0.5
 LINEAR = 1
 #: Fewest distinct x values a fit needs.
 MIN_POINTS = 3
+#: The variable of the sliding windows' fits (:func:`window_fits`).
+WINDOW_VARIABLE = "L·W"
 #: The quantities fitted, what each measures and the column of its samples.
 CLOCKS = {"time": ("wall-clock time (speed)", "samples_ms", "median_ms"),
           "cpu": ("CPU time (work)", "cpu_samples_ms", "cpu_median_ms")}
@@ -102,6 +115,28 @@ def interval(fit: PowerFit) -> tuple[float, float]:
     return fit.slope - fit.ci95, fit.slope + fit.ci95
 
 
+def exponent_text(variable: str, slope: float, low: float, high: float) -> str:
+    """An exponent and its 95% interval as the console and the report write them:
+    ``L^2.00 [1.99, 2.02]``, ``(L·W)^0.93 [0.90, 0.96]`` (a product in parentheses);
+    ``L^2.00`` where the interval has no finite ends."""
+    base = f"({variable})" if "·" in variable else variable
+    text = f"{base}^{slope:.2f}"
+    if np.isfinite(low) and np.isfinite(high):
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text
+
+
+def row_exponent(row) -> str:
+    """:func:`exponent_text` of a row of :func:`scaling_table` ("no fit" without a slope)."""
+    slope = row.get("slope")
+    if slope is None or not np.isfinite(slope):
+        return "no fit"
+    low, high = row.get("ci_low", np.nan), row.get("ci_high", np.nan)
+    if not (np.isfinite(low) and np.isfinite(high)) and np.isfinite(row.get("ci95", np.nan)):
+        low, high = slope - row["ci95"], slope + row["ci95"]  # a table without the ends
+    return exponent_text(str(row.get("variable", "x")), slope, low, high)
+
+
 def verdict(fit: PowerFit | None, quantity: str, variable: str,
             expected: float | None, *, at_most: bool = False,
             starved: int = 0, threads: int | None = None) -> tuple[str, str]:
@@ -114,15 +149,33 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
     process's threads waited for cores other processes held
     (:attr:`attnbench.measure.samples.Timing.starved`); any makes a claimed exponent
     inconclusive: such a point's time is inflated by a scheduler slice however tight its
-    interval.  See the module docstring for the rule.
+    interval.  See the module docstring for the rule; :func:`verdict_parts` gives the
+    text in its two parts (the fitted law, the conclusion with its reason).
+    """
+    outcome, _, _, text = verdict_parts(fit, quantity, variable, expected, at_most=at_most,
+                                        starved=starved, threads=threads)
+    return outcome, text
+
+
+def verdict_parts(fit: PowerFit | None, quantity: str, variable: str,
+                  expected: float | None, *, at_most: bool = False,
+                  starved: int = 0, threads: int | None = None) -> tuple[str, str, str, str]:
+    """``(outcome, law, conclusion, text)`` of :func:`verdict` (same arguments).
+
+    ``law`` is the fitted law with its interval (``"time ∝ L^1.98 [1.95, 2.01] (L
+    128–2048)"``; ``"time vs L"`` without a fit), ``conclusion`` the rest: the claim, its
+    outcome and the reason (``"O(L²) inconclusive: 2 of 5 points were timed while ..."``),
+    and ``text`` the whole line the console prints (the law, then the conclusion).  The
+    one place a scaling verdict is decided: :func:`fit_row` stores all of it in the
+    scaling table, and the report shows it as stored.
     """
     if fit is None or fit.n < MIN_POINTS:
         n = 0 if fit is None else fit.n
-        return "inconclusive", (f"{quantity} vs {variable}: {n} usable point(s), a fit needs "
-                                f"{MIN_POINTS}")
+        law, conclusion = (f"{quantity} vs {variable}",
+                           f"{n} usable point(s), a fit needs {MIN_POINTS}")
+        return "inconclusive", law, conclusion, f"{law}: {conclusion}"
     low, high = interval(fit)
-    base = f"({variable})" if "·" in variable else variable  # (L·W)^0.9, O((L·W)²)
-    head = (f"{quantity} ∝ {base}^{fit.slope:.2f} [{low:.2f}, {high:.2f}] "
+    head = (f"{quantity} ∝ {exponent_text(variable, fit.slope, low, high)} "
             f"({variable} {fit.x_min:g}–{fit.x_max:g})")
     tail = ""
     if fit.best_class:
@@ -130,43 +183,51 @@ def verdict(fit: PowerFit | None, quantity: str, variable: str,
                 f"{fit.class_share:.0%} of resamples)")
     closest = f"closest power: {big_o(variable, round(fit.slope))}"
     if expected is None:
-        return "measured", f"{head} ({closest}){tail}"
+        conclusion = f"({closest}){tail}"
+        return "measured", head, conclusion, f"{head} {conclusion}"
+    outcome, conclusion = _conclusion(fit, variable, expected, low, high, closest,
+                                      at_most=at_most, starved=starved, threads=threads)
+    return outcome, head, conclusion + tail, f"{head} → {conclusion}{tail}"
+
+
+def _conclusion(fit: PowerFit, variable: str, expected: float, low: float, high: float,
+                closest: str, *, at_most: bool, starved: int,
+                threads: int | None) -> tuple[str, str]:
+    """``(outcome, the claim's conclusion and its reason)`` for :func:`verdict_parts`."""
     claim = big_o(variable, expected)
     lower, upper = expected - TOLERANCE, expected + TOLERANCE
     if not (np.isfinite(low) and np.isfinite(high)):
-        return "inconclusive", f"{head} → {claim} inconclusive: no interval{tail}"
+        return "inconclusive", f"{claim} inconclusive: no interval"
     if starved:
         remedy = "" if threads == 1 else " or on fewer threads (--threads)"
-        return "inconclusive", (f"{head} → {claim} inconclusive: {starved} of {fit.n} "
+        return "inconclusive", (f"{claim} inconclusive: {starved} of {fit.n} "
                                 "points were timed while the threads waited for cores other "
                                 f"processes held (a busy machine); rerun when it is quiet"
-                                f"{remedy}{tail}")
+                                f"{remedy}")
     share = fit.dominance()
     if lower_order_dominates(share):
         rest = "the fixed overhead is" if not fit.lower_term else \
             "the overhead and lower-order term are"
-        return "inconclusive", (f"{head} → {claim} inconclusive: {rest} "
+        return "inconclusive", (f"{claim} inconclusive: {rest} "
                                 f"{1 - share:.0%} of the largest point's time; larger "
-                                f"{variable} are needed{tail}")
+                                f"{variable} are needed")
     if at_most:
         if high <= upper:
-            return "confirmed", f"{head} → at most {claim} confirmed{tail}"
+            return "confirmed", f"at most {claim} confirmed"
         if low > upper:
             nearest = f" ({closest})" if round(fit.slope) != expected else ""
-            return "not confirmed", (f"{head} → at most {claim} not confirmed: grows faster, "
-                                     f"the whole interval lies above {upper:g}{nearest}{tail}")
-        return "inconclusive", (f"{head} → at most {claim} inconclusive: the interval "
-                                f"straddles {upper:g}{tail}")
+            return "not confirmed", (f"at most {claim} not confirmed: grows faster, "
+                                     f"the whole interval lies above {upper:g}{nearest}")
+        return "inconclusive", f"at most {claim} inconclusive: the interval straddles {upper:g}"
     if lower <= low and high <= upper:
-        return "confirmed", f"{head} → {claim} confirmed{tail}"
+        return "confirmed", f"{claim} confirmed"
     if high < lower or low > upper:
         side = "below" if fit.slope < expected else "above"
         nearest = f" ({closest})" if round(fit.slope) != expected else ""
-        return "not confirmed", (f"{head} → {claim} not confirmed: the whole interval lies "
-                                 f"{side} {expected:g} ± {TOLERANCE:g}{nearest}{tail}")
+        return "not confirmed", (f"{claim} not confirmed: the whole interval lies "
+                                 f"{side} {expected:g} ± {TOLERANCE:g}{nearest}")
     edge = lower if low < lower else upper
-    return "inconclusive", (f"{head} → {claim} inconclusive: the interval straddles "
-                            f"{edge:g}{tail}")
+    return "inconclusive", f"{claim} inconclusive: the interval straddles {edge:g}"
 
 
 #: Point parameters of a sweep table; a fit varies one and holds the others fixed.
@@ -286,7 +347,7 @@ def scaling_table(table: pd.DataFrame,
     left out; those with enough values but too few usable points get an "inconclusive"
     row.  Memory is fitted against L only; ``cpu`` only where the rows keep CPU samples.
     Sliding windows add their fits against L·W
-    (:func:`attnbench.studies.variants.window_fits`).
+    (:func:`window_fits`).
 
     Returns
     -------
@@ -295,7 +356,8 @@ def scaling_table(table: pd.DataFrame,
         parameters (the varied one is empty), slope, ci_low, ci_high, ci95 (half-width),
         stderr, overhead (the fitted fixed part, in the quantity's unit), best_class,
         class_share, method, n_used, n_points, noisy_points, x_min, x_max, r2, intercept,
-        expected, outcome, verdict.
+        expected, outcome, verdict (the line the console prints, :func:`verdict`),
+        conclusion (its part after the fitted law: the claim, the outcome, the reason).
     """
     data = with_parameters(table[table["status"] == "ok"]).copy()
     data["heads_per_kv"] = data["heads"] // data["kv_heads"]
@@ -319,11 +381,39 @@ def scaling_table(table: pd.DataFrame,
                                  lower=lower_term(quantity, expected))
                 rows.append(fit_row(quantity, variable, fixed, fit, used, len(series),
                                     expected, at_most=at_most))
-    from attnbench.studies.variants import window_fits  # it builds on this module
-
     windows = window_fits(table, [q for q in quantities if q in CLOCKS])
     return pd.concat([pd.DataFrame(rows), windows], ignore_index=True) if len(windows) \
         else pd.DataFrame(rows)
+
+
+def window_fits(table: pd.DataFrame, quantities=("time", "cpu")) -> pd.DataFrame:
+    """One fit of time against L·W per series of ``window-W`` points (columns as
+    :func:`scaling_table`, variable :data:`WINDOW_VARIABLE`, variant ``"window"``).  Only
+    backends that skip hidden tiles (:data:`SKIPPING_BACKENDS`): a peer given the window
+    as a dense mask computes every pair.  Series with fewer than :data:`MIN_POINTS`
+    distinct L·W are left out."""
+    if table is None or table.empty or "status" not in table:
+        return pd.DataFrame()
+    data = with_parameters(table[table["status"] == "ok"])
+    widths = data["variant"].map(lambda v: window_size(str(v)) if str(v) != "nan" else None)
+    data = data.assign(W=widths)
+    windows = data[data["W"].notna() & (data["W"] > 0)
+                   & data["backend"].isin(SKIPPING_BACKENDS)]
+    rows = []
+    keys = [p for p in PARAMETERS if p not in ("L", "variant")]
+    for quantity in quantities:
+        if windows.empty or not has_samples(windows, quantity):
+            continue
+        usable = fit_mask(windows, quantity)
+        for key, series in windows.groupby(keys, sort=False):
+            x_all = series["L"] * series["W"]
+            if x_all.nunique() < MIN_POINTS:
+                continue
+            used = series[usable.loc[series.index]]
+            fit = fit_series(used, used["L"] * used["W"], quantity, windows, lower=used["L"])
+            fixed = {**dict(zip(keys, key, strict=True)), "variant": "window"}
+            rows.append(fit_row(quantity, WINDOW_VARIABLE, fixed, fit, used, len(series), 1))
+    return pd.DataFrame(rows)
 
 
 def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
@@ -352,8 +442,9 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
                if quantity in CLOCKS and "starved" in used else 0)
     threads = (int(used["threads"].max()) if "threads" in used
                and used["threads"].notna().any() else None)
-    outcome, text = verdict(fit, quantity, variable, expected, at_most=at_most,
-                            starved=starved, threads=threads)
+    outcome, _, conclusion, text = verdict_parts(fit, quantity, variable, expected,
+                                                 at_most=at_most, starved=starved,
+                                                 threads=threads)
     low, high = interval(fit) if fit is not None else (np.nan, np.nan)
 
     def value(name):
@@ -375,7 +466,7 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
         "x_min": value("x_min"), "x_max": value("x_max"), "r2": value("r2"),
         "intercept": value("intercept"),
         "expected": np.nan if expected is None else expected,
-        "outcome": outcome, "verdict": text,
+        "outcome": outcome, "verdict": text, "conclusion": conclusion,
     }
 
 

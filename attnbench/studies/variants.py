@@ -1,26 +1,21 @@
-"""Attention variants in a sweep: O(L·W) of sliding windows, and what block skipping buys.
+"""Attention variants in a sweep: what block skipping buys.
 
-Two questions about the ``variant`` axis of a sweep (:mod:`attnbench.sweep.variants`):
+The other question about the ``variant`` axis of a sweep (:mod:`attnbench.sweep.variants`),
+whether a sliding window costs O(L·W), is a scaling fit like any other: time against
+``L·W`` (:func:`attnbench.studies.scaling.window_fits`, with the same fit and verdict as
+every scaling exponent).  This module builds on :mod:`attnbench.studies.scaling`, never
+the other way round.
 
-- **Does a sliding window cost O(L·W)?**  :func:`window_fits` fits the time of the
-  ``window-W`` points against ``x = L·W``, over every L and W of a series (the other
-  parameters fixed), with the same fit and verdict as every scaling exponent
-  (:func:`attnbench.studies.scaling.fit_series`: ``t = c + a·x^p`` with a bootstrap
-  interval over the samples; expected p = 1, confirmed when the whole interval lies
-  within 1 ± :data:`attnbench.studies.scaling.TOLERANCE`).  The kernels walk keys in
-  cells of 64, so a block of queries also reads up to 64 keys past its window: the work
-  is ∝ L·(W + 64) = L·W + 64·L.  The fit therefore has a lower-order term in L,
-  ``t = c + b·L + a·(L·W)^p`` (without it, small W bend p below 1).
-- **What does skipping empty tiles buy?**  :func:`skipping_table` pairs each variant
-  point with the plain point of the same problem (``variant="none"``, same backend,
-  direction, mask, sizes) and gives the *density* (the fraction of the L² pairs the
-  variant leaves visible, from the FLOP counts), the *ideal* speed-up (the plain call's
-  visible pairs over the variant's: what a kernel that skips exactly the hidden pairs
-  gains), the measured speed-up (the ratio of median times, with its bootstrap 95 %
-  interval from the samples) and the efficiency (measured / ideal).  The two points were
-  timed at different moments of the sweep, not interleaved: on a busy machine read the
-  efficiency, not a single ratio.  Score variants (ALiBi, softcap) have density 1: their
-  speed-up is the inverse of their overhead.
+**What does skipping empty tiles buy?**  :func:`skipping_table` pairs each variant
+point with the plain point of the same problem (``variant="none"``, same backend,
+direction, mask, sizes) and gives the *density* (the fraction of the L² pairs the
+variant leaves visible, from the FLOP counts), the *ideal* speed-up (the plain call's
+visible pairs over the variant's: what a kernel that skips exactly the hidden pairs
+gains), the measured speed-up (the ratio of median times, with its bootstrap 95 %
+interval from the samples) and the efficiency (measured / ideal).  The two points were
+timed at different moments of the sweep, not interleaved: on a busy machine read the
+efficiency, not a single ratio.  Score variants (ALiBi, softcap) have density 1: their
+speed-up is the inverse of their overhead.
 """
 
 from __future__ import annotations
@@ -29,22 +24,10 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.intervals import parse_samples, ratio_interval
-from attnbench.studies.scaling import (
-    MIN_POINTS,
-    PARAMETERS,
-    SKIPPING_BACKENDS,
-    fit_mask,
-    fit_row,
-    fit_series,
-    has_samples,
-    with_parameters,
-)
-from attnbench.sweep.variants import window_size
+from attnbench.studies.scaling import PARAMETERS, with_parameters
 
-__all__ = ["WINDOW_VARIABLE", "skipping_table", "window_fits"]
+__all__ = ["row_ratio", "skipping_table"]
 
-#: The variable of the window fits.
-WINDOW_VARIABLE = "L·W"
 #: Parameters that must match between a variant point and its plain point.
 _PAIRED = [p for p in PARAMETERS if p != "variant"]
 
@@ -53,36 +36,6 @@ def _ok(table: pd.DataFrame) -> pd.DataFrame:
     if table is None or table.empty or "status" not in table:
         return pd.DataFrame()
     return with_parameters(table[table["status"] == "ok"])
-
-
-def window_fits(table: pd.DataFrame, quantities=("time", "cpu")) -> pd.DataFrame:
-    """One fit of time against L·W per series of ``window-W`` points (columns as
-    :func:`attnbench.studies.scaling.scaling_table`, variable ``"L·W"``, variant
-    ``"window"``).  Only backends that skip hidden tiles
-    (:data:`attnbench.studies.scaling.SKIPPING_BACKENDS`): a peer given the window as a
-    dense mask computes every pair.  Series with fewer than 3 distinct L·W are left out."""
-    data = _ok(table)
-    if data.empty:
-        return pd.DataFrame()
-    widths = data["variant"].map(lambda v: window_size(str(v)) if str(v) != "nan" else None)
-    data = data.assign(W=widths)
-    windows = data[data["W"].notna() & (data["W"] > 0)
-                   & data["backend"].isin(SKIPPING_BACKENDS)]
-    rows = []
-    keys = [p for p in PARAMETERS if p not in ("L", "variant")]
-    for quantity in quantities:
-        if windows.empty or not has_samples(windows, quantity):
-            continue
-        usable = fit_mask(windows, quantity)
-        for key, series in windows.groupby(keys, sort=False):
-            x_all = series["L"] * series["W"]
-            if x_all.nunique() < MIN_POINTS:
-                continue
-            used = series[usable.loc[series.index]]
-            fit = fit_series(used, used["L"] * used["W"], quantity, windows, lower=used["L"])
-            fixed = {**dict(zip(keys, key, strict=True)), "variant": "window"}
-            rows.append(fit_row(quantity, WINDOW_VARIABLE, fixed, fit, used, len(series), 1))
-    return pd.DataFrame(rows)
 
 
 def _full_flops(row) -> float:
