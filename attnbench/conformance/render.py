@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 __all__ = ["matrix_text", "report_text", "write_html", "write_json"]
@@ -100,7 +101,9 @@ h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.2em;margin-top:32px;
 border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;margin:8px 0;font-size:0.9em}
 th,td{border:1px solid #d4d4d4;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td.pass{background:#e3f4e3}td.fail{background:#f9d6d5;font-weight:600}
+th{background:#f3f3f3;overflow-wrap:anywhere}.scroll{overflow-x:auto;max-width:100%}
+td.seen,td.pass,td.fail,td.error,td.unsupported{max-width:15em;overflow-wrap:anywhere}
+td{overflow-wrap:anywhere}td.nowrap{white-space:nowrap;overflow-wrap:normal}pre{white-space:pre-wrap;overflow-wrap:anywhere}td.pass{background:#e3f4e3}td.fail{background:#f9d6d5;font-weight:600}
 td.error{background:#fbe8c8;font-weight:600}td.unsupported{background:#eeeeee;color:#555}
 td.seen{background:#eef3fb}.small{font-size:0.85em;color:#444}.mono{font-family:ui-monospace,
 Menlo,Consolas,monospace;font-size:0.85em}.verdict td{font-weight:700}
@@ -112,16 +115,21 @@ def _e(text) -> str:
     return html.escape(str(text))
 
 
+def _name(text) -> str:
+    """An implementation's name, breakable after ``.`` and ``:`` (long module paths)."""
+    return re.sub(r"([.:])", r"\1<wbr>", _e(text))
+
+
 def _number(x) -> str:
     return "" if x is None else f"{x:.3g}"
 
 
 def _matrix_html(report: dict) -> list[str]:
     impls = report["implementations"]
-    out = ["<table><tr><th>property</th><th>kind</th>"
-           + "".join(f"<th>{_e(i['name'])}</th>" for i in impls) + "</tr>"]
+    out = ["<div class=scroll><table><tr><th>property</th><th>kind</th>"
+           + "".join(f"<th>{_name(i['name'])}</th>" for i in impls) + "</tr>"]
     for name, kind in _properties(report):
-        row = f"<tr><td>{_e(name)}</td><td class=small>{_e(kind)}</td>"
+        row = f"<tr><td class=nowrap>{_e(name)}</td><td class='small nowrap'>{_e(kind)}</td>"
         for i in impls:
             cell = _cell(i, name)
             status = cell["status"]
@@ -133,7 +141,7 @@ def _matrix_html(report: dict) -> list[str]:
         out.append(row + "</tr>")
     out.append("<tr class=verdict><td>verdict</td><td></td>" + "".join(
         f"<td class='{ {'conforms': 'conforms', 'fails': 'fails'}.get(i['verdict'], 'err')}'>"
-        f"{_e(i['verdict'])}</td>" for i in impls) + "</tr></table>")
+        f"{_e(i['verdict'])}</td>" for i in impls) + "</tr></table></div>")
     return out
 
 
@@ -143,18 +151,18 @@ def _problems_html(report: dict, status: str) -> list[str]:
         for prop in i["properties"]:
             if prop["status"] != status:
                 continue
-            out.append(f"<h3>{_e(i['name'])}: {_e(prop['name'])} "
+            out.append(f"<h3>{_name(i['name'])}: {_e(prop['name'])} "
                        f"<span class=small>({_e(prop['kind'])})</span></h3>")
             cases = [c for c in prop.get("cases", []) if c.get("status") == status]
             if not cases:
                 out.append(f"<p>{_e(prop['detail'])}</p>")
                 continue
-            out.append("<table><tr><th>case</th><th>what was seen</th><th>max error</th>"
-                       "<th>tolerance</th></tr>")
+            out.append("<div class=scroll><table><tr><th>case</th><th>what was seen</th>"
+                       "<th>max error</th><th>tolerance</th></tr>")
             out += [f"<tr><td class=mono>{_e(c.get('case', ''))}</td><td>{_e(c.get('detail'))}"
                     f"</td><td>{_number(c.get('max_error'))}</td>"
                     f"<td>{_number(c.get('tolerance'))}</td></tr>" for c in cases]
-            out.append("</table>")
+            out.append("</table></div>")
     return out
 
 
@@ -165,8 +173,8 @@ def _capabilities_html(report: dict) -> list[str]:
         features += [f for f in i.get("capabilities", {}) if f not in features]
     if not features:
         return []
-    out = ["<h2>Capabilities found by trying</h2><table><tr><th>feature</th>"
-           + "".join(f"<th>{_e(i['name'])}</th>" for i in impls) + "</tr>"]
+    out = ["<h2>Capabilities found by trying</h2><div class=scroll><table><tr><th>feature</th>"
+           + "".join(f"<th>{_name(i['name'])}</th>" for i in impls) + "</tr>"]
     for feature in features:
         row = f"<tr><td>{_e(feature)}</td>"
         for i in impls:
@@ -174,19 +182,19 @@ def _capabilities_html(report: dict) -> list[str]:
             css = {"supported": "pass", "unsupported": "unsupported"}.get(state, "error")
             row += f"<td class={css} title='{_e(message)}'>{_e(state)}</td>"
         out.append(row + "</tr>")
-    return out + ["</table>"]
+    return out + ["</table></div>"]
 
 
 def _implementations_html(report: dict) -> list[str]:
-    out = ["<h2>Implementations</h2><table><tr><th>name</th><th>spec</th><th>convention</th>"
-           "<th>versions</th><th>seconds</th><th>process</th></tr>"]
+    out = ["<h2>Implementations</h2><div class=scroll><table><tr><th>name</th><th>spec</th>"
+           "<th>convention</th><th>versions</th><th>seconds</th><th>process</th></tr>"]
     for i in report["implementations"]:
         versions = ", ".join(f"{k} {v}" for k, v in sorted(i.get("versions", {}).items()))
-        out.append(f"<tr><td>{_e(i['name'])}</td><td class=mono>{_e(i['spec'])}</td>"
+        out.append(f"<tr><td>{_name(i['name'])}</td><td class=mono>{_name(i['spec'])}</td>"
                    f"<td>{_e(i['convention'])}</td><td class=small>{_e(versions)}</td>"
                    f"<td>{i.get('seconds', '')}</td><td class=small>"
                    f"{_e(i.get('problem') or 'finished')}</td></tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     for i in report["implementations"]:
         if i.get("problem") and i.get("output_tail"):
             out.append(f"<details><summary>{_e(i['name'])}: the process's last output"

@@ -31,14 +31,16 @@ __all__ = ["DEFAULT_TIMEOUT", "conform", "exit_status", "verdict"]
 DEFAULT_TIMEOUT = 600.0
 
 
-def verdict(properties: list[dict], *, deterministic: bool = False) -> str:
-    """``fails`` if a deciding property failed, ``error`` if one could not be decided,
-    else ``conforms``.  Deciding: correctness, and determinism with ``deterministic``."""
+def verdict(properties: list[dict], *, deterministic: bool = False,
+            problem: str | None = None) -> str:
+    """``fails`` if a deciding property failed, ``error`` if one could not be decided or
+    the process hung, died or could not load (``problem``), else ``conforms``.
+    Deciding: correctness, and determinism with ``deterministic``."""
     deciding = {"correctness"} | ({"determinism"} if deterministic else set())
     statuses = [p["status"] for p in properties if p["kind"] in deciding]
     if "fail" in statuses:
         return "fails"
-    if "error" in statuses or not statuses:
+    if "error" in statuses or not statuses or problem:
         return "error"
     return "conforms"
 
@@ -161,7 +163,8 @@ def conform(specs, *, convention=None, backward=None, quick: bool = False,
             mine = ":" in spec  # --convention and --backward are for module:function specs
             entry = _run_one(spec, convention if mine else None, backward if mine else None,
                              quick, timeout, Path(folder), index)
-            entry["verdict"] = verdict(entry["properties"], deterministic=deterministic)
+            entry["verdict"] = verdict(entry["properties"], deterministic=deterministic,
+                                       problem=entry["problem"])
             entries.append(entry)
             if progress is not None:
                 progress(entry)
