@@ -149,3 +149,18 @@ def test_jax_convention():
     assert results["agreement-float32"]["status"] == "pass", results["agreement-float32"]
     # what jax does, recorded (docs/conformance.md): float64 computed at float32 precision
     assert results["agreement-float64"]["status"] == "fail"
+
+
+def test_speed_section_times_beside_numba_and_fits_an_exponent(monkeypatch):
+    from attnbench.conformance import speed
+
+    monkeypatch.setattr(speed, "LENGTHS", (64, 128, 192, 256))
+    found = subject("numpy")
+    results = {p["name"]: p for p in run_checks(found, speed.checks())}
+    full = results["speed"]
+    assert full["status"] == "pass" and full["kind"] == "speed"
+    points = full["cases"][0]["data"]["points"]
+    assert [p["L"] for p in points] == [64, 128, 192, 256]
+    assert all(p["gflops"] > 0 and p["ratio_to_numba"] > 0 for p in points)
+    assert "GFLOP/s" in full["summary"] and "numba" in full["detail"]
+    assert "thread" in full["detail"]  # the thread count the machine gave, said

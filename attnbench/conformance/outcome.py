@@ -89,8 +89,10 @@ def summarize(name: str, kind: str, outcomes: list[Outcome]) -> dict:
             _case_line(o) for o in bad[:4]) + ("; ..." if len(bad) > 4 else "")
     elif status == "unsupported":
         detail = outcomes[0].detail if outcomes else "no case"
-    elif kind == "convention" or kind == "speed":
+    elif kind == "convention":
         detail = "; ".join(f"{o.case}: {o.observed or o.detail}" for o in ran)
+    elif kind == "speed":
+        detail = "; ".join(f"{o.case}: {o.detail}" for o in ran)
     else:
         detail = f"{len(ran)} cases pass"
         worst = max((o for o in ran if o.max_error is not None and o.tolerance),
@@ -100,5 +102,8 @@ def summarize(name: str, kind: str, outcomes: list[Outcome]) -> dict:
                        f"on {worst.case})")
     if unsupported and status != "unsupported":
         detail += f"; {len(unsupported)} unsupported ({unsupported[0].detail})"
-    return {"name": name, "kind": kind, "status": status, "detail": detail,
-            "cases": [o.as_dict() for o in outcomes]}
+    summary = {"name": name, "kind": kind, "status": status, "detail": detail,
+               "cases": [o.as_dict() for o in outcomes]}
+    if kind == "speed" and status == "pass":  # the matrix shows the short form
+        summary["summary"] = "; ".join(o.observed for o in ran if o.observed)
+    return summary

@@ -134,7 +134,7 @@ def _matrix_html(report: dict) -> list[str]:
             cell = _cell(i, name)
             status = cell["status"]
             if kind in ("convention", "speed") and status == "pass":
-                row += f"<td class='seen small'>{_e(cell['detail'])}</td>"
+                row += f"<td class='seen small'>{_e(cell.get('summary', cell['detail']))}</td>"
             else:
                 row += (f"<td class={status} title='{_e(cell['detail'])}'>"
                         f"{_e(_MARK[status])}</td>")
@@ -164,6 +164,37 @@ def _problems_html(report: dict, status: str) -> list[str]:
                     f"<td>{_number(c.get('tolerance'))}</td></tr>" for c in cases]
             out.append("</table></div>")
     return out
+
+
+def _speed_html(report: dict) -> list[str]:
+    """A table per speed property: median time, GFLOP/s and ratio to numba per L."""
+    out = []
+    for name, kind in _properties(report):
+        if kind != "speed":
+            continue
+        rows = []
+        for i in report["implementations"]:
+            cell = _cell(i, name)
+            for case in cell.get("cases", []):
+                for point in (case.get("data") or {}).get("points", []):
+                    low, high = point["ratio_ci"]
+                    rows.append(f"<tr><td>{_name(i['name'])}</td><td>{point['L']}</td>"
+                                f"<td>{point['median_s'] * 1e3:.3g}</td>"
+                                f"<td>{point['gflops']:.3g}</td>"
+                                f"<td>{point['ratio_to_numba']:.2f} [{low:.2f}, {high:.2f}]"
+                                "</td></tr>")
+        if rows:
+            out += [f"<h3>{_e(name)}</h3><div class=scroll><table><tr><th>implementation</th>"
+                    "<th>L</th><th>median ms</th><th>GFLOP/s</th><th>time / numba's "
+                    "[95%]</th></tr>", *rows, "</table></div>"]
+    if not out:
+        return []
+    cores = next((c["data"]["cores"] for i in report["implementations"]
+                  for p in i["properties"] if p["kind"] == "speed"
+                  for c in p.get("cases", []) if (c.get("data") or {}).get("cores")), "")
+    return ["<h2>Speed</h2>", "<p class=small>float32, B 1, H 4, D 64; each implementation "
+            "timed beside attnbench's numba backend in alternating rounds (median of the "
+            f"samples; the ratio's interval by bootstrap). Threads: {_e(cores)}</p>", *out]
 
 
 def _capabilities_html(report: dict) -> list[str]:
@@ -224,7 +255,7 @@ def write_html(report: dict, folder) -> Path:
         found = _problems_html(report, status)
         if found:
             parts += [f"<h2>{title}</h2>", *found]
-    parts += _capabilities_html(report) + _implementations_html(report)
+    parts += _speed_html(report) + _capabilities_html(report) + _implementations_html(report)
     parts.append("</body></html>")
     path = folder / "conformance.html"
     path.write_text("\n".join(parts))
