@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 __all__ = ["BUILTINS", "CONVENTIONS", "ENTRY_POINT_GROUP", "Implementation", "check_spec",
-           "load_object", "resolve"]
+           "load_object", "registered_names", "resolve"]
 
 #: The calling conventions (see :mod:`attnbench.conformance.adapters`).
 CONVENTIONS = ("kernels", "sdpa", "jax")
@@ -72,6 +72,11 @@ def check_spec(spec: str) -> str:
 def _registered() -> dict:
     """Entry points of :data:`ENTRY_POINT_GROUP`: name -> EntryPoint."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered_names() -> frozenset:
+    """Names registered under :data:`ENTRY_POINT_GROUP` by any installed package."""
+    return frozenset(_registered())
 
 
 def load_object(spec: str):
