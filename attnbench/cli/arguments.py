@@ -38,9 +38,9 @@ def backend_name(text: str) -> str:
 
     if text in BACKENDS or is_external(text):
         return text
-    raise argparse.ArgumentTypeError(
-        f"backend {text!r} is unknown: expected one of {', '.join(BACKENDS)}, a registered "
-        "implementation or module:function")
+    raise argparse.ArgumentTypeError(  # argparse's own words for a bad choice
+        f"invalid choice: {text!r} (choose from {', '.join(BACKENDS)}, a name another "
+        "package registered under attnbench.implementations, or module:function)")
 
 
 def peer_name(text: str) -> str:
@@ -50,8 +50,8 @@ def peer_name(text: str) -> str:
     if text in PEERS or is_external(text):
         return text
     raise argparse.ArgumentTypeError(
-        f"peer {text!r} is unknown: expected torch, numpy, a registered implementation or "
-        "module:function")
+        f"invalid choice: {text!r} (choose from torch, numpy, a name another package "
+        "registered under attnbench.implementations, or module:function)")
 
 
 def cluster_spec(text: str):

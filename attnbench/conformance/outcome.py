@@ -85,8 +85,12 @@ def summarize(name: str, kind: str, outcomes: list[Outcome]) -> dict:
     unsupported = [o for o in outcomes if o.status == "unsupported"]
     if bad:
         word = "fails" if status == "fail" else "raised"
-        detail = f"{word} on {len(bad)} of {len(outcomes)} cases: " + "; ".join(
-            _case_line(o) for o in bad[:4]) + ("; ..." if len(bad) > 4 else "")
+        reasons = {o.detail.split(", which it raised on ")[-1].strip("()") for o in bad}
+        if status == "error" and len(reasons) == 1:  # one cause (plain attention raises)
+            detail = f"error on {len(bad)} of {len(outcomes)} cases: {reasons.pop()}"
+        else:
+            detail = f"{word} on {len(bad)} of {len(outcomes)} cases: " + "; ".join(
+                _case_line(o) for o in bad[:4]) + ("; ..." if len(bad) > 4 else "")
     elif status == "unsupported":
         detail = outcomes[0].detail if outcomes else "no case"
     elif kind == "convention":

@@ -98,7 +98,10 @@ def _run_one(spec: str, convention, backward, quick: bool, timeout: float,
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # the worker and any children
+            except ProcessLookupError:  # it ended just now
+                pass
             returncode = process.wait()
             why = f"timed out after {timeout:g} s (killed)"
     seconds = round(time.perf_counter() - start, 2)
