@@ -103,7 +103,8 @@ table{border-collapse:collapse;margin:8px 0;font-size:0.9em}
 th,td{border:1px solid #d4d4d4;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3;overflow-wrap:anywhere}.scroll{overflow-x:auto;max-width:100%}
 td.seen,td.pass,td.fail,td.error,td.unsupported{max-width:15em;overflow-wrap:anywhere}
-td{overflow-wrap:anywhere}td.nowrap{white-space:nowrap;overflow-wrap:normal}pre{white-space:pre-wrap;overflow-wrap:anywhere}td.pass{background:#e3f4e3}td.fail{background:#f9d6d5;font-weight:600}
+td{overflow-wrap:anywhere}td.mono,td.num,th.num{white-space:nowrap;overflow-wrap:normal}
+td.nowrap{white-space:nowrap;overflow-wrap:normal}pre{white-space:pre-wrap;overflow-wrap:anywhere}td.pass{background:#e3f4e3}td.fail{background:#f9d6d5;font-weight:600}
 td.error{background:#fbe8c8;font-weight:600}td.unsupported{background:#eeeeee;color:#555}
 td.seen{background:#eef3fb}.small{font-size:0.85em;color:#444}.mono{font-family:ui-monospace,
 Menlo,Consolas,monospace;font-size:0.85em}.verdict td{font-weight:700}
@@ -158,10 +159,10 @@ def _problems_html(report: dict, status: str) -> list[str]:
                 out.append(f"<p>{_e(prop['detail'])}</p>")
                 continue
             out.append("<div class=scroll><table><tr><th>case</th><th>what was seen</th>"
-                       "<th>max error</th><th>tolerance</th></tr>")
+                       "<th class=num>max error</th><th class=num>tolerance</th></tr>")
             out += [f"<tr><td class=mono>{_e(c.get('case', ''))}</td><td>{_e(c.get('detail'))}"
-                    f"</td><td>{_number(c.get('max_error'))}</td>"
-                    f"<td>{_number(c.get('tolerance'))}</td></tr>" for c in cases]
+                    f"</td><td class=num>{_number(c.get('max_error'))}</td>"
+                    f"<td class=num>{_number(c.get('tolerance'))}</td></tr>" for c in cases]
             out.append("</table></div>")
     return out
 
