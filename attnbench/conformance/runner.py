@@ -81,6 +81,14 @@ def _complete(result: dict, order, why: str | None) -> list[dict]:
     return complete
 
 
+def _kill(process) -> None:
+    """Kill the worker and any children it started (its own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended just now
+        pass
+
+
 def _run_one(spec: str, convention, backward, quick: bool, timeout: float,
              folder: Path, index: int) -> dict:
     request = folder / f"request-{index}.json"
@@ -98,12 +106,12 @@ def _run_one(spec: str, convention, backward, quick: bool, timeout: float,
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # the worker and any children
-            except ProcessLookupError:  # it ended just now
-                pass
+            _kill(process)
             returncode = process.wait()
             why = f"timed out after {timeout:g} s (killed)"
+        except BaseException:  # Ctrl-C: its own session would not get the signal
+            _kill(process)
+            raise
     seconds = round(time.perf_counter() - start, 2)
     try:
         result = json.loads(result_path.read_text())
