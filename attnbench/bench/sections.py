@@ -128,8 +128,14 @@ def _row(section: str, impl: str, *, B, H, L, D, causal, dtype, threads, status=
 
 
 def compare_section(section: str, config: BenchConfig, *, B: int, H: int, L: int, D: int,
-                    causal: bool, dtype, threads: int, peaks: dict, impls=IMPLS) -> list[dict]:
-    """Time numba and its peers on one shape, interleaved; rows with ratios and errors."""
+                    causal: bool, dtype, threads: int, peaks: dict, impls=None) -> list[dict]:
+    """Time numba and its peers on one shape, interleaved; rows with ratios and errors.
+
+    ``impls`` defaults to :data:`IMPLS` and the external peers of ``config.peers``
+    (implementation specs, :func:`attnbench.measure.peers.is_external`).
+    """
+    if impls is None:
+        impls = (*IMPLS, *(p for p in config.peers if p not in IMPLS))
     q, k, v = _inputs(B, H, L, D, dtype)
     kwargs = {"causal": causal} if causal else {}
     shape = dict(B=B, H=H, L=L, D=D, causal=causal, dtype=dtype, threads=threads)

@@ -1,9 +1,10 @@
 """The ``attnbench`` command (also ``python -m attnbench``): argument parsing only.
 
-Seven subcommands, each declared by an ``add_<name>`` function that delegates the work to
+Eight subcommands, each declared by an ``add_<name>`` function that delegates the work to
 one function of the package: :mod:`~attnbench.cli.measuring` holds ``run`` (the main
 job), ``sweep`` and ``bench``; :mod:`~attnbench.cli.results` holds ``report``, ``verify``,
-``params`` and ``compare``; :mod:`~attnbench.cli.arguments` the argument types they share.
+``params`` and ``compare``; :mod:`~attnbench.cli.conformance` holds ``conform``;
+:mod:`~attnbench.cli.arguments` the argument types they share.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 
 from attnbench import __version__
-from attnbench.cli import measuring, results
+from attnbench.cli import conformance, measuring, results
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -21,7 +22,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS = {"run": measuring.add_run, "sweep": measuring.add_sweep,
             "report": results.add_report, "verify": results.add_verify,
             "params": results.add_params, "bench": measuring.add_bench,
-            "compare": results.add_compare}
+            "compare": results.add_compare, "conform": conformance.add_conform}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attnbench.bench import run as bench_run
 from attnbench.bench.config import SECTIONS
-from attnbench.cli.arguments import cluster_spec, positive_int, variant
+from attnbench.cli.arguments import backend_name, cluster_spec, peer_name, positive_int, variant
 from attnbench.job import run_command, sweep_command
 from attnbench.sweep.grid import BACKENDS, DEFAULTS, DIRECTIONS, DTYPES, GRIDS, MASK_KINDS
 from attnbench.sweep.runner import ORACLE_LIMIT
@@ -118,8 +118,12 @@ def add_sweep(subparsers) -> None:
                             "help": f"mask kinds, from {', '.join(MASK_KINDS)}"}),
         ("--dtype", "dtype", {"choices": DTYPES, "metavar": "DTYPE",
                               "help": f"dtypes, from {', '.join(DTYPES)}"}),
-        ("--backend", "backend", {"choices": BACKENDS, "metavar": "NAME",
-                                  "help": f"backends, from {', '.join(BACKENDS)}"}),
+        ("--backend", "backend", {"type": backend_name, "metavar": "NAME",
+                                  "help": f"backends, from {', '.join(BACKENDS)}, or any "
+                                          "implementation as 'attnbench conform' names it: "
+                                          "module:function (kernels convention) or a name "
+                                          "another package registered under "
+                                          "attnbench.implementations"}),
         ("--direction", "direction", {
             "choices": DIRECTIONS, "metavar": "DIR",
             "help": "forward (time attention) and/or backward (time attention_backward "
@@ -217,8 +221,11 @@ def add_bench(subparsers) -> None:
                         help="interleaved timing rounds per shape (default: 5; --quick 3)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="threads for Numba, torch and the BLAS (default: Numba's)")
-    parser.add_argument("--peers", nargs="*", choices=("torch", "numpy"), metavar="NAME",
-                        help="peers to compare with, from torch, numpy (default: both)")
+    parser.add_argument("--peers", nargs="*", type=peer_name, metavar="NAME",
+                        help="peers to compare with, from torch, numpy, or any implementation "
+                             "as 'attnbench conform' names it (module:function, or a name "
+                             "another package registered under attnbench.implementations), "
+                             "timed in the speed and float64 tables (default: torch numpy)")
     for flag, dest, what, default in (
             ("--peak-min-L", "peak_min_length", "smallest L of the GEMM-peak check", 2048),
             ("--memory-L", "memory_length", "L of the memory check", 16384),

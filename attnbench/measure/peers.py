@@ -10,6 +10,13 @@
   share the NumPy arrays' memory (``torch.from_numpy``), under ``torch.no_grad()``.
   Optional: where torch is not installed the sweep records the point as skipped.
 
+Any other implementation is a peer too, named as ``attnbench conform`` names it
+(:mod:`attnbench.conformance.specs`): ``module:function`` (``kernels`` convention), or a
+name another package registered under the ``attnbench.implementations`` entry-point
+group (attnbench's own names there, ``jax`` among them, are ``attnbench conform``'s
+only); it is called through the conformance kit's adapter of its convention
+(:func:`is_external`).
+
 Each peer is called through :func:`make_call`, which returns a function of no
 arguments: everything that is not the attention itself (converting inputs, building
 masks) happens before timing starts.  :func:`make_backward_call` does the same for the
@@ -26,10 +33,41 @@ import numpy as np
 
 import kernels
 
-__all__ = ["PEERS", "UnsupportedByPeer", "make_backward_call", "make_call", "numpy_attention",
-           "peer_status", "peer_threads", "torch_sdpa_arguments", "visibility"]
+__all__ = ["PEERS", "UnsupportedByPeer", "is_external", "is_peer", "make_backward_call",
+           "make_call", "numpy_attention", "peer_status", "peer_threads",
+           "torch_sdpa_arguments", "visibility"]
 
 PEERS = ("numpy", "torch")
+#: Names that are never external peers: kernels' backends and the GPU SDPA of the sweep.
+_NOT_EXTERNAL = ("numba", "reference", "cuda", "torch-cuda", *PEERS)
+
+
+def is_external(name: str) -> bool:
+    """Whether ``name`` is an implementation spec outside the built-in peers and backends:
+    ``module:function`` or a registered ``attnbench.implementations`` entry point."""
+    if name in _NOT_EXTERNAL:
+        return False
+    if ":" in name:
+        return True
+    from attnbench.conformance.specs import BUILTINS, registered_names
+
+    # attnbench's own names (jax among them) are conform's: a sweep's or bench's backend
+    # names stay those of attnbench.sweep.grid.BACKENDS; other packages' names are peers
+    return name in registered_names() and name not in BUILTINS
+
+
+def is_peer(name: str) -> bool:
+    """A built-in peer (:data:`PEERS`) or an external one (:func:`is_external`)."""
+    return name in PEERS or is_external(name)
+
+
+@functools.cache
+def _external(name: str):
+    """The conformance adapter of an external peer (imports it once)."""
+    from attnbench.conformance.adapters import make_adapter
+    from attnbench.conformance.specs import resolve
+
+    return make_adapter(resolve(name))
 
 
 @functools.cache
@@ -37,6 +75,12 @@ def peer_status(name: str) -> tuple[bool, str]:
     """``(usable, why)`` for a peer; never raises."""
     if name == "numpy":
         return True, f"numpy {np.__version__}"
+    if name not in PEERS and is_external(name):
+        try:
+            adapter = _external(name)
+        except Exception as exc:  # the code named may not import: a missing peer
+            return False, f"{name} cannot be loaded ({type(exc).__name__}: {exc})"
+        return True, f"{name} ({adapter.convention} convention)"
     if name == "torch":
         if importlib.util.find_spec("torch") is None:
             return False, "torch is not installed (pip install 'attnbench[torch]')"
@@ -49,7 +93,10 @@ def peer_status(name: str) -> tuple[bool, str]:
 
 
 def peer_threads(name: str) -> int | None:
-    """Threads the peer computes with (the BLAS's for numpy, torch's own pool for torch)."""
+    """Threads the peer computes with (the BLAS's for numpy, torch's own pool for torch;
+    None for an external peer: unknown)."""
+    if name not in PEERS:
+        return None
     if name == "torch":
         import torch
 
@@ -152,6 +199,9 @@ def make_call(name: str, q, k, v, kwargs: dict):
     if name == "numpy":
         _reject_dropout("the numpy peer", kwargs)
         return functools.partial(numpy_attention, q, k, v, **kwargs)
+    if name != "torch":  # external: its convention's adapter (inputs copied per call)
+        _reject_dropout(name, kwargs)
+        return functools.partial(_external(name).forward, q, k, v, kwargs)
     import torch  # optional peer: imported only when asked for
 
     qt, kt, vt, sdpa_kwargs = torch_sdpa_arguments(q, k, v, kwargs)
@@ -182,6 +232,11 @@ def make_backward_call(name: str, q, k, v, dout, kwargs: dict):
         raise RuntimeError(why)
     if name == "numpy":
         raise UnsupportedByPeer("the numpy peer has no backward pass")
+    if name != "torch":  # external: autograd, jax.vjp or its backward function
+        adapter = _external(name)
+        if adapter.convention == "kernels" and adapter.backward_function is None:
+            raise UnsupportedByPeer(f"{name} has no backward function")
+        return functools.partial(adapter.backward, q, k, v, np.ascontiguousarray(dout), kwargs)
     import torch  # optional peer: imported only when asked for
 
     qt, kt, vt, sdpa_kwargs = torch_sdpa_arguments(q, k, v, kwargs)

@@ -51,7 +51,7 @@ def make_call(point: Point, q, k, v, kwargs: dict):
     stored log-sum-exp the backward rebuilds the softmax from (None for the reference,
     which recomputes it in float64); peers' functions have none.
     """
-    if point.backend in peers.PEERS:
+    if peers.is_peer(point.backend):
         kwargs = peer_kwargs(point.variant, kwargs, point.heads, point.L, q.dtype)
         if point.direction == "backward":
             return peers.make_backward_call(point.backend, q, k, v, make_dout(point, q), kwargs)

@@ -45,12 +45,16 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from attnbench.measure import peers
+
 __all__ = ["BACKENDS", "DEFAULTS", "DIRECTIONS", "DTYPES", "GRIDS", "MASK_KINDS",
            "VARIANT_FORMS", "Grid", "Point", "check_variant", "expand", "grid_from_mapping",
            "load_grid_file", "parse_variant"]
 
 #: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.measure.peers`), and
 #: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).
+#: Any implementation spec is accepted too (``module:function``, or a name another package
+#: registered under ``attnbench.implementations``: :func:`attnbench.measure.peers.is_external`).
 BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 
 #: Mask kinds a sweep point may have (all self-attention, Lq = Lk = L): those of
@@ -161,6 +165,8 @@ class Grid:
         for name, allowed in (("mask", MASK_KINDS), ("dtype", DTYPES), ("backend", BACKENDS),
                               ("direction", DIRECTIONS)):
             for value in getattr(self, name):
+                if name == "backend" and value not in allowed and peers.is_external(value):
+                    continue  # module:function or a registered implementation
                 if value not in allowed:
                     raise ValueError(f"{name} {value!r} is unknown; expected one of "
                                      f"{', '.join(allowed)}")

@@ -158,7 +158,7 @@ class PointRunner:
                                                      allow_simulator=self.allow_simulator)
             if not usable:
                 return f"skipped: {why}"
-        if point.backend in peers.PEERS:
+        if peers.is_peer(point.backend):
             usable, why = peers.peer_status(point.backend)
             if not usable:
                 return f"skipped: {why}"
@@ -197,7 +197,7 @@ class PointRunner:
         return make_call(point, q, k, v, kwargs)
 
     def threads(self, backend: str) -> int | None:
-        if backend in peers.PEERS:
+        if peers.is_peer(backend):
             return peers.peer_threads(backend)
         if backend == "numba":
             return numba.get_num_threads()

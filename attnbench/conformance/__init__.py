@@ -1,0 +1,36 @@
+"""Verify and benchmark any attention implementation: the conformance kit.
+
+``attnbench conform IMPL ...`` (:mod:`attnbench.cli.conformance`) and this package run a
+battery of properties on an attention implementation — attnbench's own backends, NumPy,
+PyTorch's SDPA, JAX's ``dot_product_attention`` or a user's ``module:function`` — in one
+of three calling conventions (:mod:`~attnbench.conformance.adapters`):
+
+- correctness: agreement with the float64 oracle under the project's tolerance policy on
+  a case table (:mod:`~attnbench.conformance.cases`), hidden keys and values never read,
+  future tokens never seen, large logits, output shape and dtype, gradients
+  (:mod:`~attnbench.conformance.correctness`);
+- determinism: repeated calls, thread counts, batch mates
+  (:mod:`~attnbench.conformance.determinism`);
+- conventions, observed: fully masked rows, causal alignment, dropout, LSE, float64
+  compute (:mod:`~attnbench.conformance.conventions`);
+- speed: time against L with the suite's timer, GFLOP/s, fitted exponent, ratio to numba
+  (:mod:`~attnbench.conformance.speed`).
+
+Features an implementation refuses on a tiny valid problem make the checks needing them
+``unsupported`` (:mod:`~attnbench.conformance.capabilities`).  The runner
+(:mod:`~attnbench.conformance.runner`) runs each implementation in its own subprocess
+(:mod:`~attnbench.conformance.worker`) with a time limit; :mod:`~attnbench.conformance.render`
+prints the matrix and writes the HTML page.  For a user's own test suite,
+:func:`pytest_cases` gives one ``pytest.param`` per (property, case)
+(:mod:`~attnbench.conformance.testing`; see ``docs/conformance.md``).
+"""
+
+from __future__ import annotations
+
+from attnbench.conformance.battery import PROPERTIES, all_checks
+from attnbench.conformance.runner import conform, exit_status, verdict
+from attnbench.conformance.specs import CONVENTIONS, Implementation, resolve
+from attnbench.conformance.testing import check, pytest_cases, subject
+
+__all__ = ["CONVENTIONS", "PROPERTIES", "Implementation", "all_checks", "check", "conform",
+           "exit_status", "pytest_cases", "resolve", "subject", "verdict"]

@@ -1,0 +1,52 @@
+"""The built-in implementations, each registered under the ``attnbench.implementations``
+entry-point group (``pyproject.toml``) as ``attnbench.conformance.builtins:<name>``.
+
+Attributes are built on first access (module ``__getattr__``), so naming ``numba`` does
+not import torch or jax.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from attnbench.conformance.specs import Implementation
+
+__all__: list[str] = []  # the names are module attributes built on access (_MAKERS)
+
+
+def _kernels(backend: str) -> Implementation:
+    import kernels
+
+    return Implementation(function=functools.partial(kernels.attention, backend=backend),
+                          backward=functools.partial(kernels.attention_backward,
+                                                     backend=backend),
+                          name=backend)
+
+
+def _numpy() -> Implementation:
+    from attnbench.measure.peers import numpy_attention
+
+    return Implementation(function=numpy_attention, name="numpy")
+
+
+def _torch() -> Implementation:
+    import torch
+
+    return Implementation(function=torch.nn.functional.scaled_dot_product_attention,
+                          convention="sdpa", name="torch")
+
+
+def _jax() -> Implementation:
+    import jax
+
+    return Implementation(function=jax.nn.dot_product_attention, convention="jax", name="jax")
+
+
+_MAKERS = {"reference": lambda: _kernels("reference"), "numba": lambda: _kernels("numba"),
+           "cuda": lambda: _kernels("cuda"), "numpy": _numpy, "torch": _torch, "jax": _jax}
+
+
+def __getattr__(name: str) -> Implementation:
+    if name in _MAKERS:
+        return _MAKERS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,242 @@
+"""The correctness properties: each a list of :class:`~attnbench.conformance.outcome.Check`.
+
+- ``agreement-float32``, ``agreement-float64``: the case table against the oracle.
+- ``hidden-values``: NaN or inf stored in k and v behind key_lengths, a bool mask, an
+  additive ``-inf`` mask or the causal diagonal leave every output that cannot see them
+  within tolerance of the clean problem's oracle.
+- ``future-tokens``: changing the keys, values and queries after position t changes no
+  output of a query that may not see them (both causal alignments).
+- ``large-logits``: logits in the hundreds give finite outputs within tolerance (widened
+  by :func:`logit_rounding`: the plain baseline hides the logits' own rounding there).
+- ``shape-dtype``: the output is ``(B, H, Lq, Dv)`` in the input dtype.
+- ``gradients``: ``(dq, dk, dv)`` against the oracle's (:mod:`attnbench.measure.grad_oracle`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import kernels
+from attnbench.conformance.cases import CASES, GRADIENT_CASES, features, inputs
+from attnbench.conformance.judge import expected, judge
+from attnbench.conformance.outcome import Check, Outcome
+from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
+from attnbench.measure.oracle import max_abs_error
+from attnbench.measure.problems import ProblemSpec
+
+__all__ = ["checks"]
+
+
+def _agreement(spec, dtype, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype)
+    return judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs)
+
+
+# --- hidden values ----------------------------------------------------------------------
+
+
+def _hidden_problem(where: str, rng):
+    """``q, k, v, kwargs, poisoned``: poisoned (B, Hkv, Lk) bool, keys hidden from some rows."""
+    B, H, Lq, Lk, D = 2, 2, 8, 10, 8
+    q = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+    k = rng.standard_normal((B, H, Lk, D)).astype(np.float32)
+    v = rng.standard_normal((B, H, Lk, D)).astype(np.float32)
+    poisoned = np.zeros((B, H, Lk), bool)
+    if where == "key-lengths":
+        lengths = np.array([7, 4])
+        poisoned[:] = np.arange(Lk)[None, None, :] >= lengths[:, None, None]
+        kwargs = {"key_lengths": lengths}
+    elif where == "bool-mask":
+        mask = rng.random((B, 1, Lq, Lk)) < 0.7
+        mask[..., 0] = True  # every row sees a key
+        mask[..., 7:] = False  # keys 7.. hidden from every row
+        poisoned[..., 7:] = True
+        kwargs = {"mask": mask}
+    elif where == "float-mask":
+        additive = rng.standard_normal((1, H, Lq, Lk)).astype(np.float32)
+        additive[..., 6:] = -np.inf
+        poisoned[..., 6:] = True
+        kwargs = {"mask": additive}
+    elif where == "causal":
+        poisoned[..., 5:] = True  # keys 5.. hidden from queries 0-4
+        kwargs = {"causal": True}
+        k, v = k[:, :, :Lq], v[:, :, :Lq]  # (B, H, Lq, D): Lk = Lq
+        poisoned = poisoned[..., :Lq]
+    else:
+        raise ValueError(where)
+    return q, k, v, kwargs, poisoned
+
+
+def _hidden_values(where: str, value: float, subject) -> Outcome:
+    rng = np.random.default_rng(11)
+    q, k, v, kwargs, poisoned = _hidden_problem(where, rng)
+    exact, tol = expected(q, k, v, kwargs)
+    visible = kernels.prepare(q, k, v, **kwargs).visible()  # (B, H, Lq, Lk)
+    if np.asarray(kwargs.get("mask", True)).dtype != np.bool_:
+        visible &= np.isfinite(kwargs["mask"])
+    sees_poison = (visible & poisoned[:, :, None, :]).any(-1)  # (B, H, Lq)
+    rows = visible.any(-1) & ~sees_poison  # rows that see keys, none of them poisoned
+    k_bad, v_bad = k.copy(), v.copy()
+    k_bad[poisoned] = value
+    v_bad[poisoned] = value
+    out = np.asarray(subject.adapter.forward(q, k_bad, v_bad, kwargs))
+    if out.shape != exact.shape:
+        return Outcome("fail", f"output shape {out.shape}, expected {exact.shape}")
+    error = max_abs_error(out[rows], exact[rows])
+    if error <= tol:
+        return Outcome("pass", max_error=error, tolerance=tol)
+    leaked = int((~np.isfinite(out[rows])).any(-1).sum())
+    name = "NaN" if np.isnan(value) else "inf"
+    detail = (f"{name} stored in k and v behind the {where.replace('-', ' ')} reached "
+              f"{leaked} of {int(rows.sum())} output rows that cannot see it: hidden values "
+              "are read (e.g. weights 0 times a NaN value, or a mask added after the "
+              "product)") if leaked else \
+        f"visible outputs changed when hidden keys and values were set to {name}"
+    return Outcome("fail", detail, max_error=error, tolerance=tol)
+
+
+# --- future tokens ----------------------------------------------------------------------
+
+
+def _future_tokens(causal, subject) -> Outcome:
+    rng = np.random.default_rng(12)
+    B, H, D = 1, 2, 8
+    Lq, Lk = (12, 12) if causal is True else (6, 12)
+    offset = kernels.causal_offset(causal, Lq, Lk)
+    q = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+    k = rng.standard_normal((B, H, Lk, D)).astype(np.float32)
+    v = rng.standard_normal((B, H, Lk, D)).astype(np.float32)
+    t = Lk - 3  # keys t.. change; queries i with i + offset < t cannot see them
+    rows = np.arange(Lq) + offset < t
+    q2, k2, v2 = q.copy(), k.copy(), v.copy()
+    k2[:, :, t:] = rng.standard_normal(k2[:, :, t:].shape) * 3
+    v2[:, :, t:] = rng.standard_normal(v2[:, :, t:].shape) * 3
+    q2[:, :, ~rows] = rng.standard_normal(q2[:, :, ~rows].shape)
+    kwargs = {"causal": causal}
+    exact, tol = expected(q, k, v, kwargs)
+    before = np.asarray(subject.adapter.forward(q, k, v, kwargs))
+    after = np.asarray(subject.adapter.forward(q2, k2, v2, kwargs))
+    if before.shape != exact.shape or after.shape != exact.shape:
+        return Outcome("fail", f"output shape {after.shape}, expected {exact.shape}")
+    change = max_abs_error(after[:, :, rows], before[:, :, rows].astype(np.float64))
+    if change <= tol:
+        return Outcome("pass", max_error=change, tolerance=tol)
+    return Outcome("fail", f"outputs of queries 0-{int(rows.sum()) - 1} changed by "
+                           f"{change:.3g} when keys and values from position {t} on (future "
+                           f"to them, causal={causal!r}) changed: it sees future tokens",
+                   max_error=change, tolerance=tol)
+
+
+# --- large logits, shape and dtype, gradients -------------------------------------------
+
+
+def logit_rounding(q, k, v, scale=None) -> float:
+    """The output error that rounding the logits in the input dtype may bring.
+
+    A logit ``s = scale · q·k`` summed in another order than the plain formula's is off
+    by about ``sqrt(D) · eps · scale · Σ|q_i k_i|`` (a dot product's statistical error
+    bound); a weight moves by that relative amount and the output by twice it times
+    ``max |v|``.  With logits in the hundreds this dwarfs the plain formula's own error,
+    which a lucky summation order (the BLAS's, ~1 ulp) can make far smaller than another
+    correct order's (an einsum's, ~40 ulps on float64 here): without this term, correct
+    implementations fail.  Added to the tolerance of ``large-logits`` only.
+    """
+    D = q.shape[-1]
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    group = q.shape[1] // k.shape[1]
+    magnitude = np.abs(q).astype(np.float64) @ np.repeat(
+        np.abs(k), group, axis=1).astype(np.float64).swapaxes(-1, -2)  # (B, H, Lq, Lk)
+    eps = float(np.finfo(q.dtype).eps)
+    return 2 * float(np.abs(v).max()) * np.sqrt(D) * eps * scale * float(magnitude.max())
+
+
+def _large_logits(spec, dtype, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype)
+    q, k = q * 12, k * 12  # logits ~ 144 * N(0, D) / sqrt(D): hundreds
+    outcome = judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs,
+                    diagnose_failure=False,
+                    extra_tolerance=logit_rounding(q, k, v, kwargs.get("scale")))
+    if outcome.status == "fail" and "NaN or inf" in outcome.detail:
+        outcome.detail += " (logits in the hundreds overflow exp: is the row max subtracted?)"
+    return outcome
+
+
+def _shape_dtype(spec, dtype, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype)
+    out = np.asarray(subject.adapter.forward(q, k, v, kwargs))
+    B, H, _, Lq, _, _, Dv = spec.sizes
+    problems = []
+    if out.shape != (B, H, Lq, Dv):
+        problems.append(f"output shape {out.shape}, expected (B, H, Lq, Dv) = "
+                        f"{(B, H, Lq, Dv)}")
+    if out.dtype != np.dtype(dtype):
+        problems.append(f"{dtype} inputs gave a {out.dtype} output")
+    return Outcome("fail", "; ".join(problems)) if problems else \
+        Outcome("pass", observed=f"{out.shape} {out.dtype}")
+
+
+def _gradients(spec, dtype, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype)
+    dout = np.random.default_rng(13).standard_normal(
+        (*q.shape[:-1], v.shape[-1])).astype(dtype)  # (B, H, Lq, Dv)
+    grads = subject.adapter.backward(q, k, v, dout, kwargs)
+    problem = kernels.prepare(q, k, v, **kwargs)
+    exact, plain = gradient_oracle(problem, dout)
+    for name, g, e in zip(("dq", "dk", "dv"), grads, exact, strict=True):
+        if np.asarray(g).shape != e.shape:
+            return Outcome("fail", f"{name} has shape {np.asarray(g).shape}, expected {e.shape}")
+    result = gradient_errors(grads, exact, plain, problem.dtype)
+    outcome = Outcome("pass" if result["within_tolerance"] else "fail",
+                      max_error=result["max_abs_err"], tolerance=result["tolerance"])
+    if outcome.status == "fail":
+        outcome.detail = (f"{result['worst']} max error {result['max_abs_err']:.3g} > "
+                          f"tolerance {result['tolerance']:.3g}")
+    return outcome
+
+
+_LARGE = (("none", ProblemSpec(H=2, Lq=9, D=16), "float32"),
+          ("causal", ProblemSpec(H=2, Lq=9, D=16, causal=True), "float32"),
+          ("key-lengths", ProblemSpec(B=2, H=2, Lq=9, D=16, key_lengths="random"), "float32"),
+          ("none-float64", ProblemSpec(H=2, Lq=9, D=16), "float64"))
+_SHAPES = (("plain-float32", ProblemSpec(B=2, H=3, Lq=5, D=8), "float32"),
+           ("plain-float64", ProblemSpec(B=2, H=3, Lq=5, D=8), "float64"),
+           ("gqa-cross-dv", ProblemSpec(B=2, H=4, Hkv=2, Lq=5, Lk=7, D=8, Dv=6), "float32"))
+_HIDDEN = {"key-lengths": {"key-lengths"}, "bool-mask": {"bool-mask"},
+           "float-mask": {"float-mask"}, "causal": {"causal"}}
+
+
+def checks() -> list[Check]:
+    """Every correctness check, in report order."""
+    found = []
+    for dtype in ("float32", "float64"):
+        for case in CASES:
+            found.append(Check(f"agreement-{dtype}", "correctness", case.name,
+                               functools.partial(_agreement, case.spec, dtype),
+                               features(case.spec, dtype)))
+    for where, needs in _HIDDEN.items():
+        for value in (np.nan, np.inf):
+            name = "nan" if np.isnan(value) else "inf"
+            found.append(Check("hidden-values", "correctness", f"{where}-{name}",
+                               functools.partial(_hidden_values, where, value),
+                               frozenset(needs)))
+    found.append(Check("future-tokens", "correctness", "causal",
+                       functools.partial(_future_tokens, True), frozenset({"causal"})))
+    found.append(Check("future-tokens", "correctness", "bottom-right",
+                       functools.partial(_future_tokens, "bottom-right"),
+                       frozenset({"bottom-right", "cross"})))
+    for name, spec, dtype in _LARGE:
+        found.append(Check("large-logits", "correctness", name,
+                           functools.partial(_large_logits, spec, dtype),
+                           features(spec, dtype)))
+    for name, spec, dtype in _SHAPES:
+        found.append(Check("shape-dtype", "correctness", name,
+                           functools.partial(_shape_dtype, spec, dtype),
+                           features(spec, dtype)))
+    for case, dtype in [(c, "float32") for c in GRADIENT_CASES] + [(GRADIENT_CASES[0],
+                                                                    "float64")]:
+        found.append(Check("gradients", "correctness", f"{case.name}-{dtype}",
+                           functools.partial(_gradients, case.spec, dtype),
+                           features(case.spec, dtype) | {"backward"}))
+    return found

@@ -1,0 +1,127 @@
+"""Which implementation a spec names: built-ins, ``module:function`` and entry points.
+
+An *implementation* is a function plus the calling convention it follows
+(:mod:`attnbench.conformance.adapters`) and, optionally, a backward function.  A spec is
+
+- a built-in name: ``reference``, ``numba``, ``cuda`` (:func:`kernels.attention` with that
+  backend, :func:`kernels.attention_backward` for gradients), ``numpy`` (the plain NumPy
+  peer of :mod:`attnbench.measure.peers`), ``torch`` (PyTorch's
+  ``scaled_dot_product_attention``, ``sdpa`` convention) and ``jax``
+  (``jax.nn.dot_product_attention``, ``jax`` convention);
+- a name registered by any installed package under the entry-point group
+  :data:`ENTRY_POINT_GROUP` (the built-ins are registered there the same way, in
+  attnbench's ``pyproject.toml``); the entry point loads an :class:`Implementation` or a
+  plain function (``kernels`` convention);
+- ``module:function`` (``module:attr.attr`` too): imported in the worker process.
+
+Resolving a spec imports the code under test, so the runner does it in the subprocess
+(:mod:`attnbench.conformance.worker`); :func:`check_spec` only checks the syntax.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+__all__ = ["BUILTINS", "CONVENTIONS", "ENTRY_POINT_GROUP", "Implementation", "check_spec",
+           "load_object", "registered_names", "resolve"]
+
+#: The calling conventions (see :mod:`attnbench.conformance.adapters`).
+CONVENTIONS = ("kernels", "sdpa", "jax")
+#: Entry-point group under which packages register implementations.
+ENTRY_POINT_GROUP = "attnbench.implementations"
+#: Built-in implementation names (each also registered under ENTRY_POINT_GROUP).
+BUILTINS = ("reference", "numba", "cuda", "numpy", "torch", "jax")
+
+_SPEC = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """An attention function, its calling convention and its optional backward."""
+
+    function: object  # the forward, called as its convention says
+    convention: str = "kernels"  # one of CONVENTIONS
+    backward: object = None  # kernels convention: attention_backward's signature (or None)
+    name: str = ""  # what reports call it
+    spec: str = ""  # the spec it was resolved from
+
+
+def check_spec(spec: str) -> str:
+    """``spec`` if it is a built-in, a registered name or looks like ``module:function``.
+
+    Raises
+    ------
+    ValueError
+        Naming what was expected (a usage error: the CLI exits 2).
+    """
+    if not isinstance(spec, str) or not _SPEC.match(spec):
+        raise ValueError(f"implementation {spec!r} is neither a name ({', '.join(BUILTINS)}) "
+                         "nor 'module:function'")
+    if ":" not in spec and spec not in BUILTINS and spec not in _registered():
+        raise ValueError(f"implementation {spec!r} is unknown: expected one of "
+                         f"{', '.join(sorted(set(BUILTINS) | set(_registered())))} or "
+                         "'module:function'")
+    return spec
+
+
+@functools.cache
+def _registered() -> dict:
+    """Entry points of :data:`ENTRY_POINT_GROUP`: name -> EntryPoint."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered_names() -> frozenset:
+    """Names registered under :data:`ENTRY_POINT_GROUP` by any installed package."""
+    return frozenset(_registered())
+
+
+def load_object(spec: str):
+    """Import ``module:attr.attr`` (or ``module.attr``) and return the object."""
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        module_name, _, attribute = spec.rpartition(".")
+    obj = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(spec: str, convention: str | None = None, backward: str | None = None
+            ) -> Implementation:
+    """The :class:`Implementation` ``spec`` names (imports it).
+
+    Parameters
+    ----------
+    spec : str
+        A built-in or registered name, or ``module:function``.
+    convention : {"kernels", "sdpa", "jax"}, optional
+        How to call a ``module:function``; default ``"kernels"``.  A name's convention is
+        its own (an explicit one overrides it).
+    backward : str, optional
+        ``module:function`` of the backward (``kernels`` convention:
+        :func:`kernels.attention_backward`'s signature).
+    """
+    if convention is not None and convention not in CONVENTIONS:
+        raise ValueError(f"convention {convention!r} is unknown; expected one of {CONVENTIONS}")
+    if ":" in spec:
+        found = load_object(spec)
+    elif spec in _registered():
+        found = _registered()[spec].load()
+    elif spec in BUILTINS:  # attnbench itself not installed with its metadata
+        from attnbench.conformance import builtins
+
+        found = getattr(builtins, spec)
+    else:
+        raise ValueError(f"implementation {spec!r} is unknown")
+    if callable(found) and not isinstance(found, Implementation):
+        found = Implementation(function=found)
+    if not isinstance(found, Implementation):
+        raise TypeError(f"{spec!r} is a {type(found).__name__}, neither a function nor an "
+                        "attnbench.conformance.Implementation")
+    backward_fn = load_object(backward) if backward else found.backward
+    return Implementation(function=found.function, convention=convention or found.convention,
+                          backward=backward_fn, name=found.name or spec, spec=spec)

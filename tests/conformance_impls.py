@@ -1,0 +1,121 @@
+"""Attention implementations for the conformance tests: one correct, the rest broken on
+purpose (each bug named in its docstring), importable by the conformance worker as
+``tests.conformance_impls:<name>``."""
+
+import os
+import time
+
+import numpy as np
+
+import kernels
+
+
+def _reference(q, k, v, **kwargs):
+    return kernels.attention(q, k, v, backend="reference", **kwargs)
+
+
+def correct(q, k, v, **kwargs):
+    """The reference backend itself (kernels convention)."""
+    return _reference(q, k, v, **kwargs)
+
+
+def no_scaling(q, k, v, **kwargs):
+    """Forgets the 1/sqrt(D) scaling."""
+    return _reference(q, k, v, **{**kwargs, "scale": 1.0})
+
+
+def nan_leak(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None):
+    """Masks by weights 0 (correct on finite inputs) but multiplies them by hidden values."""
+    from attnbench.measure.peers import numpy_attention
+
+    return numpy_attention(q, k, v, causal=causal, mask=mask, key_lengths=key_lengths,
+                           scale=scale)
+
+
+def ignores_key_lengths(q, k, v, *, key_lengths=None, **kwargs):
+    """Attends to padding keys."""
+    return _reference(q, k, v, **kwargs)
+
+
+def sees_future(q, k, v, *, causal=False, **kwargs):
+    """Ignores the causal mask."""
+    return _reference(q, k, v, **kwargs)
+
+
+def wrong_alignment(q, k, v, *, causal=False, **kwargs):
+    """Treats bottom-right causal as top-left."""
+    return _reference(q, k, v, causal=bool(causal), **kwargs)
+
+
+def interleaved_gqa(q, k, v, **kwargs):
+    """Maps query head h to kv head h % Hkv."""
+    heads = np.arange(q.shape[1]) % k.shape[1]
+    return _reference(q, k[:, heads], v[:, heads], **kwargs)
+
+
+def noisy(q, k, v, **kwargs):
+    """Right to an ulp or so, but adds fresh random noise on every call."""
+    out = _reference(q, k, v, **kwargs)
+    noise = np.random.default_rng().integers(0, 2, out.shape) * np.spacing(out)
+    return out + noise.astype(out.dtype)
+
+
+def float32_only(q, k, v, **kwargs):
+    """Computes in float64 but always returns float32."""
+    return _reference(q, k, v, **kwargs).astype(np.float32)
+
+
+def batch_dependent(q, k, v, **kwargs):
+    """The numba kernel for one batch element, the reference for several: within
+    tolerance either way, but a row's bits depend on its batch mates."""
+    backend = "numba" if q.shape[0] == 1 else "reference"
+    return kernels.attention(q, k, v, backend=backend, **kwargs)
+
+
+def hangs(q, k, v, **kwargs):
+    """Never returns."""
+    time.sleep(3600)
+
+
+def dies_on_long_rows(q, k, v, **kwargs):
+    """Correct, but kills its interpreter on 64 queries (the repeatable property's case)."""
+    if q.shape[2] == 64:
+        os._exit(3)
+    return _reference(q, k, v, **kwargs)
+
+
+def raises(q, k, v, **kwargs):
+    """Raises a RuntimeError on every call."""
+    raise RuntimeError("boom")
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """A correct implementation in the ``sdpa`` convention (plain torch, no SDPA): hidden
+    keys and values are never read, an empty row gives 0."""
+    import torch
+
+    if dropout_p:
+        raise NotImplementedError("no dropout")
+    if enable_gqa:
+        group = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(group, dim=-3)
+        value = value.repeat_interleave(group, dim=-3)
+    Lq, Lk, D = query.shape[-2], key.shape[-2], query.shape[-1]
+    scale = 1 / D**0.5 if scale is None else scale
+    scores = query @ key.transpose(-1, -2) * scale  # (B, H, Lq, Lk)
+    visible = torch.ones(scores.shape, dtype=torch.bool)
+    if is_causal:
+        visible = visible & torch.ones(Lq, Lk, dtype=torch.bool).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = visible & attn_mask
+    elif attn_mask is not None:
+        visible = visible & (attn_mask > -torch.inf)
+        scores = scores + torch.where(visible, attn_mask, 0)
+    scores = torch.where(visible, scores, -torch.inf)
+    top = scores.amax(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).min)
+    weights = torch.where(visible, torch.exp(scores - top), 0)
+    total = weights.sum(-1, keepdim=True)
+    weights = weights / torch.where(total > 0, total, 1)
+    picked = torch.where(visible[..., None], weights[..., None] * value[..., None, :, :], 0)
+    return picked.sum(-2)  # (B, H, Lq, Dv)
