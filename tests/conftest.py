@@ -59,6 +59,11 @@ def pytest_addoption(parser):
         help="run the benchmarks in tests/benchmarks/ (deselected otherwise); grid from "
              "ATTNBENCH_BENCH_GRID=tiny|small (default tiny)",
     )
+    parser.addoption(
+        "--quick", action="store_true", default=False,
+        help="the quick lane: the first case of every test (each parametrized test runs "
+             "once), tests marked slow left out; every backend and entry point still runs",
+    )
 
 
 def _benchmarks_wanted(config) -> bool:
@@ -66,13 +71,29 @@ def _benchmarks_wanted(config) -> bool:
                 or config.getoption("benchmark_only", default=False))
 
 
-def pytest_collection_modifyitems(config, items):
-    if _benchmarks_wanted(config):
-        return
-    selected, deselected = [], []
+def _quick_lane(items) -> tuple[list, list]:
+    """``(selected, deselected)``: the first case of each test function, none marked slow."""
+    seen, selected, deselected = set(), [], []
     for item in items:
-        inside = os.path.commonpath([str(item.path), BENCHMARKS_DIR]) == BENCHMARKS_DIR
-        (deselected if inside else selected).append(item)
+        function = (str(item.path), getattr(item, "originalname", item.name))
+        if function in seen or item.get_closest_marker("slow"):
+            deselected.append(item)
+        else:
+            seen.add(function)
+            selected.append(item)
+    return selected, deselected
+
+
+def pytest_collection_modifyitems(config, items):
+    selected, deselected = list(items), []
+    if not _benchmarks_wanted(config):
+        selected, deselected = [], []
+        for item in items:
+            inside = os.path.commonpath([str(item.path), BENCHMARKS_DIR]) == BENCHMARKS_DIR
+            (deselected if inside else selected).append(item)
+    if config.getoption("--quick"):
+        selected, left_out = _quick_lane(selected)
+        deselected += left_out
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected

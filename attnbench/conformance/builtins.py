@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from attnbench.conformance.specs import Implementation
+from attnbench.conformance.implementation import Implementation
 
 __all__: list[str] = []  # the names are module attributes built on access (_MAKERS)
 
@@ -24,7 +24,7 @@ def _kernels(backend: str) -> Implementation:
 
 
 def _numpy() -> Implementation:
-    from attnbench.measure.peers import numpy_attention
+    from attnbench.measure.peer_formulas import numpy_attention
 
     return Implementation(function=numpy_attention, name="numpy")
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from dataclasses import dataclass
 from importlib.metadata import entry_points
+
+from attnbench.conformance.implementation import Implementation
 
 __all__ = ["BUILTINS", "CONVENTIONS", "ENTRY_POINT_GROUP", "Implementation", "check_spec",
            "load_object", "registered_names", "resolve"]
@@ -37,17 +38,6 @@ ENTRY_POINT_GROUP = "attnbench.implementations"
 BUILTINS = ("reference", "numba", "cuda", "numpy", "torch", "jax")
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """An attention function, its calling convention and its optional backward."""
-
-    function: object  # the forward, called as its convention says
-    convention: str = "kernels"  # one of CONVENTIONS
-    backward: object = None  # kernels convention: attention_backward's signature (or None)
-    name: str = ""  # what reports call it
-    spec: str = ""  # the spec it was resolved from
 
 
 def check_spec(spec: str) -> str:
