@@ -31,6 +31,7 @@ def smoke(tmp_path_factory):
     return status, out
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_bench_writes_the_table_targets_and_files(smoke, capsys):
     status, out = smoke
     assert status == 0

@@ -37,6 +37,7 @@ def test_run_tiny_grid_writes_the_csv_and_exits_0(tmp_path, capsys):
     assert f"{len(table)}/{len(table)} rows agree" in printed
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_run_exits_1_when_a_backend_disagrees(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(attnbench.sweep.agreement, "tolerance", lambda *args: -1.0)
     status = main(["run", "--grid", "tiny", "--backends", "reference", "--out",
@@ -82,6 +83,7 @@ def test_python_dash_m_help():
     assert "usage: attnbench" in result.stdout and "run" in result.stdout
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_run_leaves_the_cuda_backend_alone_without_a_gpu(tmp_path):
     """Without a real GPU, ``run`` never imports kernels.cuda_backend (even with the simulator)."""
     script = (

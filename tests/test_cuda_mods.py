@@ -200,6 +200,7 @@ print(json.dumps(result))
 """
 
 
+@pytest.mark.slow  # every mod kernel compiled to PTX: left out of the quick lane
 def test_ptx_of_mod_kernels():
     """Every built-in and a user function compile for the device, forward and backward
     (dkdv, dq); float32 stays float32."""

@@ -77,6 +77,7 @@ def printed_column(text: str, header: str) -> list[float]:
     return values
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_no_impossible_figure_is_reported_under_load(loaded_run):
     status, out, printed = loaded_run
     assert status == 0
