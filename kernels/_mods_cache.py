@@ -21,26 +21,21 @@ functions) have no key: they stay dispatchers and their kernels compile once per
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 
 from numba.core import types
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
 
-from ._numba_cache import dependencies
+from ._numba_cache import source_stamp
 
 
 def _digest() -> str:
-    """A short digest of the sources whose code a structure key stands for: these modules
-    and every package module they import (:func:`kernels._numba_cache.dependencies`, the
-    same walk that stamps the cached kernels)."""
+    """A short digest of the sources whose code a structure key stands for: the spec of the
+    built-ins (what :mod:`kernels.mods` imports), their lowering (:mod:`kernels._mods_compile`)
+    and this module, with every package module they import
+    (:func:`kernels._numba_cache.source_stamp`: the same walk that stamps cached kernels)."""
     here = pathlib.Path(__file__).parent
-    roots = ("_mods_cache.py", "_mods_compile.py", "_mods_masks.py", "_mods_scores.py",
-             "_mods_block.py", "numba_cpu.py")
-    h = hashlib.sha256()
-    for path in sorted({p for name in roots for p in dependencies(here / name)}):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:12]
+    return source_stamp(here / "mods.py", here / "_mods_compile.py", __file__)[:12]
 
 
 #: Digest of the built-ins' sources, part of every key.

@@ -32,6 +32,8 @@ import numba
 import numpy as np
 from numba import njit, types
 
+from ._numba_math import _exp32
+
 # Dense evaluation, block classification and the user-error wrapper (re-exported: the
 # kernels and kernels.mods reach every mod helper through this module).
 from ._mods_dense import (  # noqa: F401
@@ -93,8 +95,6 @@ _TH_SMALL = _f32(0.625)
 
 
 def _tanh32_source():
-    from .numba_cpu import _exp32
-
     @njit(fastmath=_EXACT_MATH)
     def tanh32(x):
         """tanh of a float32 (a few ulp; NaN for NaN)."""
