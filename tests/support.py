@@ -22,7 +22,7 @@ import pytest
 import kernels
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
 from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: F401 (re-exported)
-from kernels import reference
+from kernels.reference import forward as reference
 
 DTYPES = (np.float32, np.float64)
 
@@ -118,10 +118,11 @@ def ptx_of_kernels(module: str) -> dict:
     and sm_90 in a process of its own; per ``"name@sm_XY"``: whether the PTX targets that
     architecture, has an entry point, and its lines with a ``.f64`` instruction."""
     return run_ptx_script(f"""
-from kernels import {module}
+import importlib
+module = importlib.import_module("kernels.{module}")
 result = {{}}
 for cc in [(8, 0), (9, 0)]:
-    for name, ptx in {module}.compile_ptx_all(cc).items():
+    for name, ptx in module.compile_ptx_all(cc).items():
         result[f"{{name}}@sm_{{cc[0]}}{{cc[1]}}"] = {{
             "target": f".target sm_{{cc[0]}}{{cc[1]}}" in ptx,
             "entry": ".entry" in ptx,

@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import _numba_mods, mods, numba_cpu
+from kernels import mods
+from kernels.numba_cpu import choose, config
+from kernels.numba_cpu import forward_mods as _numba_mods
 
 from .support import DTYPES, assert_matches_reference, max_error, oracle, tolerance
 
-CELL = _numba_mods.CELL_K  # 64: the kernel's unit of tile classification
+CELL = config.CELL_K  # 64: the kernel's unit of tile classification
 
 
 def _qkv(B=2, H=4, Hkv=2, Lq=150, Lk=None, D=16, dtype=np.float32, seed=0):
@@ -167,7 +169,7 @@ def test_softcap_and_chain_equal_the_formula_in_the_reference(dtype):
 @pytest.fixture
 def serial(monkeypatch):
     """Small problems run the serial kernel anyway; make that explicit."""
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", float("inf"))
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
 
 
 NUMBA_SHAPES = [
@@ -228,7 +230,7 @@ def test_numba_mods_combine_with_every_other_mask(serial, name, make, dtype):
 @pytest.mark.parametrize("use_blas", [True, False], ids=["blas", "loops"])
 def test_numba_parallel_kernel(use_blas):
     """The parallel kernel (and the loops of a machine without SciPy) on one combination."""
-    if use_blas and not numba_cpu.HAVE_BLAS:
+    if use_blas and not config.HAVE_BLAS:
         pytest.skip("SciPy is missing")
     q, k, v = _qkv(Lq=150, D=16)
     kwargs = dict(mask_mod=mods.sliding_window(CELL + 1, 2), score_mod=mods.softcap(0.5),
@@ -372,8 +374,8 @@ def test_bad_functions_fail_before_any_work(kwargs, error, match, backend, monke
     def no_kernel(*args, **kw):
         raise AssertionError("a kernel ran")
 
-    monkeypatch.setattr(numba_cpu, "run", no_kernel)
-    from kernels import reference
+    monkeypatch.setattr(choose, "run", no_kernel)
+    from kernels.reference import forward as reference
     monkeypatch.setattr(reference, "run", no_kernel)
     with pytest.raises(error, match=match):
         kernels.attention(q, k, v, backend=backend, **kwargs)
@@ -411,7 +413,7 @@ def test_exception_inside_a_function_is_a_value_error_naming_it(parallel):
 @pytest.mark.parametrize("use_blas", [True, False], ids=["blas", "loops"])
 def test_keys_hidden_by_a_mask_function_are_never_read(serial, monkeypatch, garbage, use_blas):
     """Keys another document owns, and keys left of a window, hold garbage: no bit changes."""
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", use_blas and numba_cpu.HAVE_BLAS)
+    monkeypatch.setattr(config, "HAVE_BLAS", use_blas and config.HAVE_BLAS)
     q, k, v = _qkv(B=2, H=2, Hkv=2, Lq=150, D=8)
     ids = _documents(2, 150, [[CELL, 2 * CELL], [CELL, 2 * CELL]])
     doc = mods.document(ids)

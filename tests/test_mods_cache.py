@@ -1,5 +1,5 @@
 """The built-in mod functions' CPU kernels (and the loops that evaluate them for the
-reference and ``block_mask``) are cached on disk (``kernels._mods_cache``).
+reference and ``block_mask``) are cached on disk (``kernels.mods.cache``).
 
 - structure keys: equal for the same code whatever the bound values, different for other
   code, None (no disk cache) as soon as a user function is inside;
@@ -18,7 +18,10 @@ import textwrap
 import numpy as np
 from numba import njit, types
 
-from kernels import _mods_cache, _numba_mods, mods, numba_cpu
+from kernels import mods
+from kernels.mods import cache as _mods_cache
+from kernels.numba_cpu import config
+from kernels.numba_cpu import forward_mods as _numba_mods
 
 from .support import REPO, assert_matches_reference
 
@@ -72,7 +75,7 @@ def _qkv(L=70, dtype=np.float32):
 
 
 def test_builtins_run_the_cached_kernel_and_user_functions_the_other(monkeypatch):
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", float("inf"))
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
     cached, uncached = _numba_mods._attention_mods_serial_cached, _numba_mods._attention_mods_serial
     q, k, v = _qkv()
     builtin = mods.and_masks(mods.sliding_window(5), mods.prefix_lm(3))
@@ -103,8 +106,12 @@ _SECOND_PROCESS = """
 import json
 import numpy as np
 import kernels
-from kernels import _mods_dense, _numba_mods, mods, numba_cpu
-numba_cpu.SERIAL_WORK_LIMIT = float("inf")
+from kernels import mods
+from kernels.mods import dense as _mods_dense
+from kernels.numba_cpu import config
+from kernels.numba_cpu import forward_mods as _numba_mods
+from kernels.numba_cpu import mods as _numba_cpu_mods
+config.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))
 docs = np.repeat(np.arange(5), 14)
@@ -116,7 +123,7 @@ kernels.attention(q, k, v, mask_mod=mods.sliding_window(9), score_mod=mods.alibi
                   backend="reference")  # the dense loops
 stats = {}
 for module, name in [(_numba_mods, "_attention_mods_serial_cached"),
-                     (_numba_mods, "_visible_work_cached"),
+                     (_numba_cpu_mods, "_visible_work_cached"),
                      (_mods_dense, "_classify_cells_cached"),
                      (_mods_dense, "_dense_visible_cached"), (_mods_dense, "_dense_apply_cached")]:
     s = getattr(module, name).stats

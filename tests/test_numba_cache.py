@@ -1,7 +1,9 @@
 """The package's Numba cache stamps (kernels/_numba_cache.py): an edit of a helper module
 that a cached kernel imports makes that kernel's cache entry stale."""
 
-from kernels import _microkernel, _numba_cache, numba_cpu
+from kernels._jit import cache as _numba_cache
+from kernels.numba_cpu import forward
+from kernels.numba_cpu import micro as _microkernel
 
 
 def _package(tmp_path, files):
@@ -34,8 +36,8 @@ def test_the_stamp_changes_when_a_helper_changes(monkeypatch, tmp_path):
 
 def test_the_kernels_are_stamped_with_their_helpers():
     assert _numba_cache.INSTALLED
-    for kernel, helpers in ((numba_cpu._attend_block, {"_numba_math.py", "_numba_tiles.py"}),
-                            (_microkernel._kernel, {"_numba_math.py", "_numba_launch.py"})):
+    for kernel, helpers in ((forward._attend_block, {"math.py", "tiles.py"}),
+                            (_microkernel._kernel, {"math.py", "launch.py"})):
         locator = kernel._cache._impl.locator
         assert getattr(locator, "package_locator", False)
         files = {p.name for p in _numba_cache.dependencies(locator._py_file)}
@@ -48,7 +50,7 @@ def test_functions_outside_the_package_keep_numbas_locators(tmp_path):
     source.write_text("def f(x):\n    return x\n")
     namespace = {}
     exec(compile(source.read_text(), str(source), "exec"), namespace)
-    locator_class = type(numba_cpu._attend_block._cache._impl.locator)
+    locator_class = type(forward._attend_block._cache._impl.locator)
     assert locator_class.from_function(namespace["f"], str(source)) is None
 
 
@@ -87,7 +89,7 @@ def test_dependencies_follow_relative_imports_of_any_depth(monkeypatch, tmp_path
 _RUN_CACHED = """
 import sys
 from pathlib import Path
-from kernels import _numba_cache
+from kernels._jit import cache as _numba_cache
 _numba_cache.PACKAGE_DIR = Path(sys.argv[1]).resolve() / "tinypkg"
 sys.path.insert(0, sys.argv[1])
 from tinypkg.cpu import kern

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import numba_cpu
+from kernels.numba_cpu import config
 
 GARBAGE = {"huge": 1e30, "nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 BACKENDS = ["numba", "numba-loops", "reference"]
@@ -23,7 +23,7 @@ def _tile_products(request, monkeypatch):
     """'numba-loops' is the numba backend with its tile products in loops (no BLAS), the
     path a machine without SciPy takes; 'numba' uses the BLAS where SciPy is installed."""
     if request.node.callspec.params.get("backend") == "numba-loops":
-        monkeypatch.setattr(numba_cpu, "HAVE_BLAS", False)
+        monkeypatch.setattr(config, "HAVE_BLAS", False)
 
 
 def _attention(*args, backend, **kwargs):
