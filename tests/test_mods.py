@@ -22,7 +22,7 @@ import pytest
 import kernels
 from kernels import mods
 from kernels.numba_cpu import choose, config
-from kernels.numba_cpu import forward_mods as _numba_mods
+from kernels.numba_cpu import forward as _numba_mods
 
 from .support import DTYPES, assert_matches_reference, max_error, oracle, tolerance
 
@@ -237,7 +237,7 @@ def test_numba_parallel_kernel(use_blas):
                   causal=True, key_lengths=np.array([150, 100]))
     (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
     problem = kernels.prepare(q, k, v, **kwargs)
-    out, _ = _numba_mods.run(problem, parallel=True, use_blas=use_blas)
+    out, _ = _numba_mods.run_tiles(problem, parallel=True, use_blas=use_blas)
     assert max_error(out, exact) <= tolerance(exact, plain, q.dtype)
 
 
@@ -276,7 +276,7 @@ def test_user_functions_with_bound_arrays_match_the_builtins(serial):
 def test_bound_arrays_change_without_recompiling(serial):
     """Other values and other shapes of the same dtype and rank reuse the compiled kernel."""
     q, k, v = _qkv()
-    kernel = _numba_mods._attention_mods_serial
+    kernel = _numba_mods._attention_serial_user
     bias = np.zeros((4, 3), np.float32)
     kernels.attention(q, k, v, score_mod=mods.score_mod(head_bias, bias), backend="numba")
     compiled = len(kernel.signatures)
@@ -290,7 +290,7 @@ def test_bound_arrays_change_without_recompiling(serial):
     # one more for the (document, bias) pair's first call, none for values or shapes
     assert len(kernel.signatures) == compiled + 1
     # built-ins (their kernel is the one cached on disk): other windows
-    kernel = _numba_mods._attention_mods_serial_cached
+    kernel = _numba_mods._attention_serial
     kernels.attention(q, k, v, mask_mod=mods.sliding_window(3), backend="numba")
     compiled = len(kernel.signatures)
     for left in (0, 7, 200):
@@ -399,7 +399,7 @@ def test_exception_inside_a_function_is_a_value_error_naming_it(parallel):
     problem = kernels.prepare(q, k, v, mask_mod=_raises_late)
     with pytest.raises(ValueError, match=r"mask_mod '_raises_late' raised ValueError: position "
                                          r"17 is cursed") as info:
-        _numba_mods.run(problem, parallel=parallel)
+        _numba_mods.run_tiles(problem, parallel=parallel)
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(ValueError, match=r"score_mod '_score_raises' raised KeyError") as info:
         kernels.attention(q, k, v, score_mod=_score_raises, backend="reference")

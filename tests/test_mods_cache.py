@@ -21,7 +21,7 @@ from numba import njit, types
 from kernels import mods
 from kernels.mods import cache as _mods_cache
 from kernels.numba_cpu import config
-from kernels.numba_cpu import forward_mods as _numba_mods
+from kernels.numba_cpu import forward as _numba_mods
 
 from .support import REPO, assert_matches_reference
 
@@ -76,7 +76,7 @@ def _qkv(L=70, dtype=np.float32):
 
 def test_builtins_run_the_cached_kernel_and_user_functions_the_other(monkeypatch):
     monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
-    cached, uncached = _numba_mods._attention_mods_serial_cached, _numba_mods._attention_mods_serial
+    cached, uncached = _numba_mods._attention_serial, _numba_mods._attention_serial_user
     q, k, v = _qkv()
     builtin = mods.and_masks(mods.sliding_window(5), mods.prefix_lm(3))
     assert_matches_reference(q, k, v, "numba", causal=True, mask_mod=builtin,
@@ -109,7 +109,7 @@ import kernels
 from kernels import mods
 from kernels.mods import dense as _mods_dense
 from kernels.numba_cpu import config
-from kernels.numba_cpu import forward_mods as _numba_mods
+from kernels.numba_cpu import forward as _numba_mods
 from kernels.numba_cpu import mods as _numba_cpu_mods
 config.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
@@ -122,7 +122,7 @@ mods.block_mask(mods.document(docs), 1, 2, 70, 70)  # the tile loop
 kernels.attention(q, k, v, mask_mod=mods.sliding_window(9), score_mod=mods.alibi([1.0, 2.0]),
                   backend="reference")  # the dense loops
 stats = {}
-for module, name in [(_numba_mods, "_attention_mods_serial_cached"),
+for module, name in [(_numba_mods, "_attention_serial"),
                      (_numba_cpu_mods, "_visible_work_cached"),
                      (_mods_dense, "_classify_cells_cached"),
                      (_mods_dense, "_dense_visible_cached"), (_mods_dense, "_dense_apply_cached")]:

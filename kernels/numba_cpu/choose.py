@@ -1,18 +1,17 @@
 """The ``numba`` backend's forward entry: which path a call takes.
 
-- a ``score_mod`` or ``mask_mod``: the tile kernel with the mod functions compiled in
-  (:mod:`kernels.numba_cpu.forward_mods`);
-- else, without a mask, dropout or weights, a parallel call takes the register-blocked
+- without a mask, dropout or weights, a parallel call takes the register-blocked
   micro-kernel path (:mod:`kernels.numba_cpu.micro`) where the planner
   (:mod:`kernels.numba_cpu.planner`) chose it for the machine and dtype;
-- else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`), serial for small
-  problems (:func:`kernels.numba_cpu.forward.is_small`), parallel otherwise.
+- else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`; a ``score_mod`` or
+  ``mask_mod`` compiled in), serial for small problems
+  (:func:`kernels.numba_cpu.forward.is_small`), parallel otherwise.
 """
 
 from __future__ import annotations
 
 from .._problem import AttentionProblem
-from . import forward, forward_mods, planner
+from . import forward, planner
 from . import micro as micro_kernel
 
 
@@ -25,7 +24,8 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).
     """
     if (micro is False or problem.mask is not None or problem.dropout_p
-            or problem.return_weights or parallel is False):
+            or problem.return_weights or parallel is False
+            or problem.mask_mod is not None or problem.score_mod is not None):
         return None
     if micro:
         stored = planner.stored_choice(problem.dtype)
@@ -57,9 +57,6 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         parallel) if True, never if False; default: where the planner chose it for this
         machine and dtype (see :func:`micro_block`).
     """
-    if problem.score_mod is not None or problem.mask_mod is not None:
-        return forward_mods.run(problem, parallel=parallel, use_blas=use_blas,
-                                return_lse=return_lse)
     block = micro_block(problem, parallel, use_blas, micro)
     if block is not None:
         out, lse = micro_kernel.run(problem, block)

@@ -1,8 +1,8 @@
 """Tile-level pieces of the numba CPU kernels: mask entries, the two tile products (BLAS or
 loops), and the online-softmax update of one row.
 
-Shared by the forward kernel (:mod:`kernels.numba_cpu`) and the kernel with mods
-(:mod:`kernels.numba_cpu.forward_mods`); the backward kernels use the mask helpers and the loops.
+Used by the forward kernel (:mod:`kernels.numba_cpu.forward`, with or without mods); the
+backward kernels use the mask helpers and the loops.
 """
 
 from __future__ import annotations
@@ -143,7 +143,60 @@ def _all_finite(x):
     return total == 0
 
 
-# --- the online softmax of one row, shared with the kernel with mods (_numba_mods) ----------
+@njit(fastmath=FASTMATH)
+def _sees(tile_mask, mask, m0, mask_j, neg_inf, full, mask_fn, mask_args, b, h, i, j0, c):
+    """Whether row i sees key j0 + c of a tile (under the dense mask and the mask function;
+    the caller has applied causal)."""
+    zero = float_constants(neg_inf)[0]
+    seen = True
+    if tile_mask:
+        seen = _mask_score(zero, mask[m0 + c * mask_j], neg_inf)[1]
+    if mask_fn is not None and not full:
+        seen = seen and mask_fn(b, h, i, j0 + c, mask_args)
+    return seen
+
+
+@njit(fastmath=FASTMATH)
+def _values_by_blas_finite(p, v_tile, o, i0, j0, causal, causal_offset, tile_mask, mask, m_b,
+                           mask_i, mask_j, neg_inf, full, mask_fn, mask_args, b, h):
+    """o = p · v_tile by the BLAS for a partly hidden tile (rows i0.., keys j0..) whose
+    values are not all finite.
+
+    The product runs on a copy with each non-finite value replaced by 0, so that a row that
+    does not see such a value gets the bits it would get with any finite value there: what
+    a hidden value holds changes no output bit.  A row that sees one is summed over the keys
+    it sees, as the reference does (``0 · inf`` is NaN there too).
+    """
+    m, Dv = v_tile.shape
+    clean = np.empty((m, Dv), dtype=v_tile.dtype)
+    bad = np.zeros(m, dtype=np.bool_)
+    for j in range(m):
+        for d in range(Dv):
+            x = v_tile[j, d]
+            finite = x * 0 == 0  # False for inf and NaN
+            clean[j, d] = x if finite else 0
+            bad[j] |= not finite
+    _values_by_blas(p, clean, o)
+    for rr in range(p.shape[0]):
+        i = i0 + rr
+        hi = m
+        if causal:
+            hi = max(min(m, i + causal_offset + 1 - j0), 0)
+        m0 = m_b + i * mask_i + j0 * mask_j
+        sees_bad = False
+        for c in range(hi):
+            sees_bad |= bad[c] and _sees(tile_mask, mask, m0, mask_j, neg_inf, full, mask_fn,
+                                         mask_args, b, h, i, j0, c)
+        if sees_bad:
+            o[rr, :] = 0
+            for c in range(hi):
+                if _sees(tile_mask, mask, m0, mask_j, neg_inf, full, mask_fn, mask_args, b, h,
+                         i, j0, c):
+                    for d in range(Dv):
+                        o[rr, d] += p[rr, c] * v_tile[c, d]
+
+
+# --- the online softmax of one row ---------------------------------------------------------
 
 
 # The two per-tile helpers are inlined into the kernels' Numba IR: as separate functions
