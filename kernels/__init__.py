@@ -18,31 +18,36 @@ register-blocked micro-kernel on keys and values packed once per head; which is 
 depends on the machine, so it is measured once per machine and dtype and stored beside
 Numba's cache (like FFTW's wisdom).  :func:`plan` measures now (~20-45 s the first time,
 mostly compiling); without it the BLAS path is used until a call of at least
-``kernels._microplan.PLAN_WORK_LIMIT`` multiply-adds (e.g. B=1, H=12, L=4096, D=64)
+``kernels.numba_cpu.planner.PLAN_WORK_LIMIT`` multiply-adds (e.g. B=1, H=12, L=4096, D=64)
 plans at first use, announced by a ``PlanningWarning``.  :func:`attention_plan` says
 what is stored, without measuring.
+
+The package, from the bottom up (imports run one way, upwards):
+
+- ``_jit/``: the Numba toolbox (vectorised exp, launch guards, cache stamps); no kernel;
+- ``mods/``: the score and mask functions: the spec (Numba-free at import) and their
+  lowering per target;
+- one subpackage per backend: ``reference/``, ``numba_cpu/``, ``cuda/``; each takes a
+  validated :class:`AttentionProblem` (``_problem.py``) and imports no other backend;
+- ``_dispatch.py``: the one table of backends, forward and backward;
+- ``_api.py``: :func:`attention`, :func:`attention_backward`, :func:`prepare`, planning;
+- ``mha.py``, ``multihead.py``, ``softmax.py``: built on the API;
+- this face: imports and ``__all__`` only.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from . import _backends, mods
-from ._backends import (
+from . import mods
+from ._api import attention, attention_backward, attention_plan, plan, plan_needed, prepare
+from ._dispatch import (
     BackendUnavailableError,
     available_backends,
     cuda_simulator_enabled,
     cuda_status,
     has_real_gpu,
 )
-from ._validate import (
-    AttentionProblem,
-    causal_offset,
-    check_attention_args,
-    check_backend,
-    check_mods,
-)
-from .backward import attention_backward
+from ._problem import AttentionProblem
+from ._validate import causal_offset
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
@@ -65,196 +70,3 @@ __all__ = [
     "BackendUnavailableError",
 ]
 __version__ = "0.1.0"
-
-
-def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-              dropout_p=0.0, seed=None, backend="auto", return_weights=False,
-              return_lse=False, score_mod=None, mask_mod=None):
-    """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
-
-    Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
-
-    Parameters
-    ----------
-    q : ndarray, shape (..., H, Lq, D), or (H, Lq, D), or (Lq, D)
-        Queries, float32 or float64.
-    k : ndarray, shape (..., Hkv, Lk, D)
-        Keys, same dtype. H must be a multiple of Hkv (GQA/MQA): query head h reads
-        key/value head ``h // (H // Hkv)``.
-    v : ndarray, shape (..., Hkv, Lk, Dv)
-        Values, same dtype.
-    causal : bool or {"top-left", "bottom-right"}, default False
-        ``True``/``"top-left"``: query i sees keys j <= i (PyTorch's ``is_causal``).
-        ``"bottom-right"``: query i sees keys j <= i + Lk - Lq (FlashAttention; decoding).
-    mask : array_like, optional
-        Broadcastable to (..., H, Lq, Lk). bool: True = attend (as PyTorch and Hugging
-        Face); float: added to the scores (``-inf`` hides a key).
-    key_lengths : int or array_like of int, shape (...,), optional
-        Keys ``j >= key_lengths[b]`` are padding: the fast way to mask padding (no L x L mask).
-    scale : float, optional
-        Multiplies ``q · k``; default ``1 / sqrt(D)``. ``scale=1.0`` is the unscaled variant.
-    dropout_p : float, default 0.0
-        Probability of dropping each attention weight, with inverted scaling ``1 / (1 - p)``.
-    seed : int, optional
-        Dropout seed in [0, 2**32). The decision for (seed, b, h, i, j) comes from a
-        stateless hash shared by every backend, so all backends drop the same weights.
-        ``None`` with ``dropout_p > 0`` draws a fresh seed.
-    backend : {"auto", "reference", "numba", "cuda"}, default "auto"
-        ``"auto"`` picks numba, or cuda on a real GPU for large problems.
-    return_weights : bool, default False
-        Also return the softmax weights (..., H, Lq, Lk), before dropout. Only then is an
-        L x L array materialised.
-    return_lse : bool, default False
-        Also return the log-sum-exp of each query row's visible scores,
-        ``lse[..., h, i] = log Σ_j exp(scale · q_i · k_j + mask_ij)`` (before dropout),
-        ``-inf`` for a row that sees no key: what :func:`attention_backward` needs.
-    score_mod : callable or kernels.mods.ScoreMod, optional
-        ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's signature),
-        applied to every scaled score before the additive ``mask``; ``h`` is the query
-        head.  A plain or ``@numba.njit`` function, or a :mod:`kernels.mods` built-in
-        (``alibi``, ``softcap``, ``relative_bias``, ``chain``, ``score_mod(fn, *arrays)``).
-    mask_mod : callable or kernels.mods.MaskMod, optional
-        ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), combined with the other
-        masks; tiles it hides entirely are skipped.  E.g. ``kernels.mods.sliding_window``,
-        ``document``, ``prefix_lm``, ``and_masks``, ``block_mask``.
-
-    Returns
-    -------
-    out : ndarray, shape (..., H, Lq, Dv), dtype of q
-    weights : ndarray, shape (..., H, Lq, Lk)
-        Only if ``return_weights``.
-    lse : ndarray, shape (..., H, Lq), dtype of q
-        Only if ``return_lse``; last of the tuple.
-
-    Notes
-    -----
-    A query that sees no key gets output 0 (and weights 0), never NaN. Hidden keys and
-    values are never read, so NaN or inf stored there cannot reach the output.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Bad input, before any work is done; the message names the argument, the shapes
-        seen and what was expected.  A score or mask function that Numba cannot compile,
-        or of the wrong arity or return type, is a TypeError naming it; an exception
-        raised inside one is a ValueError naming it, chained from the original.
-    BackendUnavailableError
-        (a ValueError) ``backend="cuda"`` where neither a GPU nor the simulator is usable.
-    """
-    backend = check_backend(backend)
-    problem = prepare(
-        q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
-        dropout_p=dropout_p, seed=seed, return_weights=return_weights,
-        score_mod=score_mod, mask_mod=mask_mod,
-    )
-    if not isinstance(return_lse, bool | np.bool_):
-        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
-    name = _backends.resolve(backend, problem)
-    if return_lse:
-        out, weights, lse = _backends.module(name).run(problem, return_lse=True)
-        lse = problem.restore(lse[..., None])[..., 0]  # (..., H, Lq)
-        return (problem.restore(out),) + (
-            (problem.restore(weights),) if return_weights else ()) + (lse,)
-    out, weights = _backends.module(name).run(problem)
-    if return_weights:
-        return problem.restore(out), problem.restore(weights)
-    return problem.restore(out)
-
-
-def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-            dropout_p=0.0, seed=None, return_weights=False, score_mod=None,
-            mask_mod=None) -> AttentionProblem:
-    """Validate the arguments of :func:`attention` and normalise them, without running it.
-
-    For callers that need the problem a call describes (its shape, its visible pairs, its
-    FLOPs) or want to validate once and time a backend many times.  Takes the keywords of
-    :func:`attention` except ``backend``.
-
-    Returns
-    -------
-    AttentionProblem
-        A frozen dataclass: q ``(B, H, Lq, D)``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``
-        (contiguous, one dtype; leading batch dims folded into B), ``mask`` as given (bool or
-        additive; ``additive_mask()`` and ``visibility_mask()`` give each form),
-        ``key_lengths`` (int64, shape (B,)), ``causal_offset`` (query i sees keys
-        j <= i + offset; None when not causal), ``scale``, ``dropout_p``, ``seed``,
-        ``score_mod`` and ``mask_mod`` (:mod:`kernels.mods` objects, checked; or None).
-        ``shape`` is ``(B, H, Hkv, Lq, Lk, D, Dv)``; ``visible()`` is the (B, H, Lq, Lk)
-        bool visibility of every pair (an L x L array: for small problems).
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`attention`.
-
-    Examples
-    --------
-    >>> import numpy as np, kernels
-    >>> q = np.zeros((2, 4, 8, 16), np.float32)
-    >>> p = kernels.prepare(q, q[:, :2], q[:, :2], causal="bottom-right")
-    >>> p.shape, p.causal_offset
-    ((2, 4, 2, 8, 8, 16, 16), 0)
-    """
-    problem = check_attention_args(
-        q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
-        dropout_p=dropout_p, seed=seed, return_weights=return_weights,
-    )
-    return check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
-
-
-def plan(dtypes=("float32", "float64")) -> dict:
-    """Choose the numba backend's tile-product path for this machine now, per dtype.
-
-    Times the micro-kernel's candidate register blocks, then the fastest against the BLAS
-    tiles, on one thread (CPU time), and stores the choice beside Numba's cache: later
-    calls and processes use it without timing (~20-45 s on a cold cache, mostly compiling;
-    well under a second once stored).
-
-    Parameters
-    ----------
-    dtypes : sequence of dtype-like, default ("float32", "float64")
-
-    Returns
-    -------
-    dict
-        As :func:`attention_plan`.
-    """
-    from . import _microplan  # imports Numba: only when asked
-
-    return _microplan.plan_all(tuple(np.dtype(d) for d in dtypes))
-
-
-def plan_needed(shape, dtype) -> bool:
-    """Whether a numba call of this shape would plan first (see :func:`plan`).
-
-    True where no choice is stored for ``dtype`` (here or beside Numba's cache) and the
-    call's work, B·H·Lq·Lk·(D + Dv) multiply-adds, reaches the planning limit.  A harness
-    that times such calls plans ahead (:func:`plan`), so that no timed call pays for it and
-    one run does not mix the two tile paths.
-
-    Parameters
-    ----------
-    shape : tuple of int
-        ``(B, H, Lq, Lk, D, Dv)``.
-    dtype : dtype-like
-    """
-    from . import _microplan  # imports Numba: only when asked
-
-    B, H, Lq, Lk, D, Dv = shape
-    return (_microplan.stored_choice(dtype) is None
-            and B * H * Lq * Lk * (D + Dv) >= _microplan.PLAN_WORK_LIMIT)
-
-
-def attention_plan() -> dict:
-    """What the numba backend's tile products use here, per dtype, without planning.
-
-    Returns
-    -------
-    dict
-        ``{"float32": ..., "float64": ...}``, each the micro-kernel's register block
-        (e.g. ``"8x16"``), ``"blas"``, or ``"not planned"`` (the BLAS path, until
-        :func:`plan` or a large call plans).
-    """
-    from . import _microplan  # imports Numba: only when asked
-
-    return _microplan.record()

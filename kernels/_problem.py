@@ -14,6 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def multiply_adds(B: int, H: int, Lq: int, Lk: int, D: int, Dv: int) -> int:
+    """Multiply-adds of one attention forward without masks, ``B·H·Lq·Lk·(D + Dv)`` (Q·Kᵀ
+    and P·V): the work by which backends choose a path (thread pool, GPU, planning)."""
+    return B * H * Lq * Lk * (D + Dv)
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     """One validated attention call, in the layout every backend expects.
@@ -41,6 +47,12 @@ class AttentionProblem:
     return_weights: bool
     score_mod: object = None  # kernels.mods.ScoreMod applied to the scaled scores, or None
     mask_mod: object = None  # kernels.mods.MaskMod (True = attend), or None
+
+    @property
+    def work(self) -> int:
+        """Multiply-adds of the call: :func:`multiply_adds` of its shape."""
+        B, H, _, Lq, Lk, D, Dv = self.shape
+        return multiply_adds(B, H, Lq, Lk, D, Dv)
 
     @property
     def mask_is_bool(self) -> bool:

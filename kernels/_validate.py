@@ -19,7 +19,7 @@ import numbers
 
 import numpy as np
 
-from ._problem import AttentionProblem as AttentionProblem
+from ._problem import AttentionProblem
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 BACKEND_NAMES = ("auto", "reference", "numba", "cuda")

@@ -6,7 +6,8 @@ import numbers
 
 import numpy as np
 
-from . import reference
+from . import multihead
+from ._api import attention, attention_backward
 from ._validate import SUPPORTED_DTYPES
 
 
@@ -21,7 +22,7 @@ class MultiHeadAttention:
 
     ``forward(x)`` computes ``split_heads(x W_Q + b_Q)`` etc., batched attention over
     (..., H, L, d_head), merges the heads back (a reshape) and applies ``W_O``:
-    the "one big projection + reshape" form of :func:`kernels.reference.multihead_fused`.
+    the "one big projection + reshape" form of :func:`kernels.multihead.multihead_fused`.
 
     Parameters
     ----------
@@ -107,7 +108,7 @@ class MultiHeadAttention:
             )
         if x.ndim < 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
-        return reference.multihead_fused(
+        return multihead.multihead_fused(
             x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
             causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
             mask_mod=mask_mod,
@@ -151,26 +152,24 @@ class MultiHeadAttention:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
         if dy.shape != x.shape:
             raise ValueError(f"dy must have the shape of forward(x), {x.shape}; got {dy.shape}")
-        from . import attention, attention_backward
-
         params = self._params
         H, Hkv = self.n_heads, self.n_kv_heads
-        q = reference.split_heads(reference._project(x, params, "q"), H)  # (..., H, L, d_head)
-        k = reference.split_heads(reference._project(x, params, "k"), Hkv)  # (..., Hkv, L, d_head)
-        v = reference.split_heads(reference._project(x, params, "v"), Hkv)
+        q = multihead.split_heads(multihead.project(x, params, "q"), H)  # (..., H, L, d_head)
+        k = multihead.split_heads(multihead.project(x, params, "k"), Hkv)  # (..., Hkv, L, d_head)
+        v = multihead.split_heads(multihead.project(x, params, "v"), Hkv)
         keywords = dict(causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
                         mask_mod=mask_mod, backend=backend)
         heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
-        concat = reference.merge_heads(heads)  # (..., L, H*d_head)
+        concat = multihead.merge_heads(heads)  # (..., L, H*d_head)
 
         rows = x.reshape(-1, self.d_model)  # (N, d_model), N = all tokens
         d_rows = dy.reshape(-1, self.d_model)
         grads = {"W_o": concat.reshape(-1, concat.shape[-1]).T @ d_rows}
-        d_heads = reference.split_heads(d_rows.reshape(dy.shape) @ params["W_o"].T, H)
+        d_heads = multihead.split_heads(d_rows.reshape(dy.shape) @ params["W_o"].T, H)
         dq, dk, dv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
         dx = np.zeros_like(x)
         for name, d_proj in (("q", dq), ("k", dk), ("v", dv)):
-            d_lin = reference.merge_heads(d_proj)  # (..., L, width)
+            d_lin = multihead.merge_heads(d_proj)  # (..., L, width)
             d_lin_rows = d_lin.reshape(-1, d_lin.shape[-1])
             grads[f"W_{name}"] = rows.T @ d_lin_rows
             if self.bias:

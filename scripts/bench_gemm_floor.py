@@ -3,10 +3,10 @@
 Side by side, interleaved (:func:`attnbench.measure.timing.interleaved`: every round times
 each function once, in a rotating order, warm-up and calibration excluded), per point:
 
-- ``numba``: the numba backend on its BLAS tiles (:func:`kernels.numba_cpu.run`, parallel,
+- ``numba``: the numba backend on its BLAS tiles (:func:`kernels.numba_cpu.choose.run`, parallel,
   ``micro=False``: the backend where the planner chose "blas" or nothing is planned);
-- ``micro``: the micro-kernel path (:mod:`kernels._microkernel`; the backend where the
-  planner chose it), register block chosen by its planner (:func:`kernels._microplan.plan`:
+- ``micro``: the micro-kernel path (:mod:`kernels.numba_cpu.micro`; the backend where the
+  planner chose it), register block chosen by its planner (:func:`kernels.numba_cpu.planner.plan`:
   timed once per machine and dtype, persisted);
 - ``floor``: the numba backend's BLAS tile GEMMs alone
   (:func:`attnbench.bench.gemm_floor.tile_gemms`; non-causal only);
@@ -42,7 +42,9 @@ from attnbench.bench import gemm_floor
 from attnbench.measure import machine, peers
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
-from kernels import _microkernel, _microplan, numba_cpu
+from kernels.numba_cpu import choose
+from kernels.numba_cpu import micro as _microkernel
+from kernels.numba_cpu import planner as _microplan
 
 #: Ratios reported per point: (name, numerator, denominator).
 RATIOS = (("micro/numba", "micro", "numba"), ("numba/floor", "numba", "floor"),
@@ -66,7 +68,7 @@ def calls(L: int, causal: bool, dtype, heads: int, head_dim: int, config) -> tup
     q, k, v = (rng.standard_normal((1, heads, L, head_dim)).astype(dtype) for _ in range(3))
     problem = kernels.prepare(q, k, v, causal=causal)
     fns = {
-        "numba": lambda: numba_cpu.run(problem, parallel=True, micro=False)[0],
+        "numba": lambda: choose.run(problem, parallel=True, micro=False)[0],
         "micro": lambda: _microkernel.attention(q, k, v, causal=causal, config=config),
     }
     if not causal and gemm_floor.measurable(q, k, v):

@@ -17,7 +17,7 @@ ymm or xmm (xmm split into scalar ``ss``/``sd`` and the rest), plus three marker
 
 - ``fma``: vfmadd/vfmsub/vfnmadd/vfnmsub (the exp polynomial, the rescaling);
 - ``max``: vpmaxsd/vpmaxsq (the row maximum, taken on integer keys);
-- ``exp``: vpslld $23 / vpsllq $52 (the exp's 2**n, inlined from ``_exp32``/``_exp64``),
+- ``exp``: vpslld $23 / vpsllq $52 (the exp's 2**n, inlined from ``exp32``/``exp64``),
 
 each as ``zmm/ymm/xmm`` counts (their xmm includes scalar ``ss``/``sd`` forms).  In
 float32 under ``prefer-256-bit`` a few zmm remain: 8 x int64 index vectors of
@@ -105,7 +105,7 @@ def child() -> dict:
     from numba import typeof
 
     import kernels
-    from kernels import numba_cpu as nc
+    from kernels.numba_cpu import choose, forward
 
     compiled = {}
     for dtype in (np.float32, np.float64):
@@ -113,19 +113,19 @@ def child() -> dict:
         problem = kernels.prepare(q, q, q)
         for blas in (True, False):
             captured = []
-            real = nc._attention_serial
-            nc._attention_serial = lambda *args: captured.append(args)  # noqa: B023
+            real = forward._attention_serial
+            forward._attention_serial = lambda *args: captured.append(args)  # noqa: B023
             try:
-                nc.run(problem, parallel=False, use_blas=blas)
+                choose.run(problem, parallel=False, use_blas=blas)
             finally:
-                nc._attention_serial = real
+                forward._attention_serial = real
             real.compile(tuple(typeof(a) for a in captured[0]))  # compiled, never run
     for name, attr, blas in FUNCTIONS:
-        dispatcher = getattr(nc, attr)
+        dispatcher = getattr(forward, attr)
         for sig, asm in dispatcher.inspect_asm().items():
             if attr == "_attend_block" and (str(sig[-1]) == "none") == blas:
                 continue
-            prefix = f"_ZN7kernels9numba_cpu{len(attr)}{attr}B"
+            prefix = f"_ZN7kernels9numba_cpu7forward{len(attr)}{attr}B"
             symbol = re.search(r"^(" + re.escape(prefix) + r"\S*):$", asm, re.M).group(1)
             compiled[f"{name}|{sig[0].dtype}"] = count(asm, symbol)
     return compiled

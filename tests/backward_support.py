@@ -13,8 +13,8 @@ import numpy as np
 import kernels
 from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import oracle_dtype, tolerance
-from kernels import reference
-from kernels.reference_backward import run_backward
+from kernels.reference import forward as reference
+from kernels.reference.backward import run_backward
 
 from .support import COMPARISONS, max_error
 

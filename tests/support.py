@@ -116,10 +116,11 @@ def ptx_of_kernels(module: str) -> dict:
     and sm_90 in a process of its own; per ``"name@sm_XY"``: whether the PTX targets that
     architecture, has an entry point, and its lines with a ``.f64`` instruction."""
     return run_ptx_script(f"""
-from kernels import {module}
+import importlib
+module = importlib.import_module("kernels.{module}")
 result = {{}}
 for cc in [(8, 0), (9, 0)]:
-    for name, ptx in {module}.compile_ptx_all(cc).items():
+    for name, ptx in module.compile_ptx_all(cc).items():
         result[f"{{name}}@sm_{{cc[0]}}{{cc[1]}}"] = {{
             "target": f".target sm_{{cc[0]}}{{cc[1]}}" in ptx,
             "entry": ".entry" in ptx,

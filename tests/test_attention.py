@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import numba_cpu
+from kernels.numba_cpu import config
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -73,8 +73,8 @@ ALL_CASES = [pytest.param(c, id=c.name) for c in SHAPES] + [
 
 # path name: (SERIAL_WORK_LIMIT, tile products by the BLAS where SciPy is installed)
 NUMBA_PATHS = {
-    "serial": (float("inf"), numba_cpu.HAVE_BLAS),
-    "parallel": (0, numba_cpu.HAVE_BLAS),
+    "serial": (float("inf"), config.HAVE_BLAS),
+    "parallel": (0, config.HAVE_BLAS),
     "parallel-loops": (0, False),  # no BLAS: the path of a machine without SciPy
 }
 
@@ -83,8 +83,8 @@ NUMBA_PATHS = {
 def numba_path(request, monkeypatch):
     """Run the numba backend through its serial or parallel kernel, with or without BLAS."""
     serial_limit, have_blas = NUMBA_PATHS[request.param]
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", serial_limit)
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", have_blas)
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", serial_limit)
+    monkeypatch.setattr(config, "HAVE_BLAS", have_blas)
     return "numba"
 
 

@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 
 import kernels
 from attnbench.measure.oracle import oracle_dtype, tolerance
-from kernels import numba_backward, numba_cpu, reference
 from kernels._dropout import keep_mask
+from kernels.numba_cpu import backward as numba_backward
+from kernels.numba_cpu import config
+from kernels.reference import forward as reference
 
 from .backward_support import (
     assert_gradients_match,
@@ -96,8 +98,8 @@ def test_return_lse_must_be_a_bool():
 
 # path name: (serial work limit, tile products by the BLAS where SciPy is installed)
 NUMBA_PATHS = {
-    "serial": (float("inf"), numba_cpu.HAVE_BLAS),
-    "parallel": (0, numba_cpu.HAVE_BLAS),
+    "serial": (float("inf"), config.HAVE_BLAS),
+    "parallel": (0, config.HAVE_BLAS),
     "parallel-loops": (0, False),  # no BLAS: the path of a machine without SciPy
 }
 
@@ -107,9 +109,9 @@ def numba_path(request, monkeypatch):
     """The numba forward and backward through their serial or parallel kernels, with or
     without BLAS."""
     serial_limit, have_blas = NUMBA_PATHS[request.param]
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", serial_limit)
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", serial_limit)
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", have_blas)
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", serial_limit)
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", serial_limit)
+    monkeypatch.setattr(config, "HAVE_BLAS", have_blas)
     return "numba"
 
 
@@ -143,9 +145,9 @@ def test_numba_recomputes_out_and_lse_when_missing(dtype):
 def test_key_chunks_split_the_keys_of_few_heads(monkeypatch):
     """With fewer (batch, kv head) pairs than threads, the key blocks are split in chunks
     whose dQ parts are summed: same gradients within the tolerance."""
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", 0)
-    monkeypatch.setattr(numba_backward, "BLOCK_K", 16)
-    monkeypatch.setattr(numba_backward, "BLOCK_Q", 8)
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", 0)
+    monkeypatch.setattr(config, "BACKWARD_BLOCK_K", 16)
+    monkeypatch.setattr(config, "BACKWARD_BLOCK_Q", 8)
     monkeypatch.setattr(numba_backward, "key_chunks", lambda problem, threads: 3)
     q, k, v, kwargs = make_inputs(Case("x", B=1, H=4, Hkv=1, Lq=50, Lk=70, D=8,
                                        causal="bottom-right", key_lengths="random"),
@@ -200,7 +202,7 @@ def run_backward(request, monkeypatch):
     def run(backend, q, k, v, dout, **kwargs):
         with monkeypatch.context() as m:
             if backend == "numba-loops":
-                m.setattr(numba_cpu, "HAVE_BLAS", False)
+                m.setattr(config, "HAVE_BLAS", False)
             name = backend.removesuffix("-loops")
             out, lse = kernels.attention(q, k, v, backend=name, return_lse=True, **kwargs)
             return kernels.attention_backward(q, k, v, dout, out=out, lse=lse, backend=name,
@@ -321,7 +323,7 @@ def test_dropout_drops_the_weights_the_forward_dropped(backend):
 
 
 def test_concurrent_calls_from_a_thread_pool(monkeypatch):
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", 0)
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", 0)
     problems_ = []
     for seed in range(6):
         q, k, v, kwargs = make_inputs(Case("x", B=2, H=4, Hkv=2, Lq=70, Lk=90, D=16,

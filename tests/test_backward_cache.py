@@ -1,7 +1,7 @@
 """The numba backward's kernel and Numba's disk cache.
 
 Calls with and without :mod:`kernels.mods` functions run one kernel source; the entry
-points without mods and with built-ins (structure-keyed, see :mod:`kernels._mods_cache`)
+points without mods and with built-ins (structure-keyed, see :mod:`kernels.mods.cache`)
 are cached on disk, those with a user function (a dispatcher among the arguments, which
 the cache could not find again) are compiled per process and write nothing.  Checked in
 fresh processes sharing one cache folder.
@@ -22,7 +22,8 @@ SCRIPT = """
 import json, sys
 import numpy as np
 import kernels
-from kernels import mods, numba_backward
+from kernels import mods
+from kernels.numba_cpu import backward as numba_backward
 rng = np.random.default_rng(0)
 q, k, v, dout = (rng.standard_normal((1, 2, 9, 4)).astype(np.float32) for _ in range(4))
 def backward(**kwargs):  # the forward by the reference: only the backward is compiled

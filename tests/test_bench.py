@@ -103,16 +103,16 @@ def bench_args(argv):
 def test_gemm_floor_runs_the_kernels_products():
     """The floor's last P · V tile equals the same product done by NumPy."""
     from attnbench.bench.gemm_floor import measurable, tile_gemms
-    from kernels import numba_cpu
+    from kernels.numba_cpu import config
 
     rng = np.random.default_rng(1)
-    L, Lk = 200, numba_cpu.BLOCK_K + 30  # a full key tile and a ragged one
+    L, Lk = 200, config.BLOCK_K + 30  # a full key tile and a ragged one
     q = rng.standard_normal((1, 4, L, 8), dtype=np.float32)
     k = rng.standard_normal((1, 2, Lk, 8), dtype=np.float32)  # GQA: 2 heads share each
     v = rng.standard_normal((1, 2, Lk, 5), dtype=np.float32)
     assert measurable(q, k, v)  # big enough for the parallel kernel
     out = tile_gemms(q, k, v)
-    last = slice(numba_cpu.BLOCK_K, Lk)
+    last = slice(config.BLOCK_K, Lk)
     expected = (q[0] @ np.repeat(k[0, :, last], 2, axis=0).transpose(0, 2, 1)) @ np.repeat(
         v[0, :, last], 2, axis=0)
     np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-4)

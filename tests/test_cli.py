@@ -85,11 +85,11 @@ def test_python_dash_m_help():
 
 @pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_run_leaves_the_cuda_backend_alone_without_a_gpu(tmp_path):
-    """Without a real GPU, ``run`` never imports kernels.cuda_backend (even with the simulator)."""
+    """Without a real GPU, ``run`` never imports kernels.cuda.launch (even with the simulator)."""
     script = (
         "import sys; from attnbench.cli import main; from kernels import has_real_gpu\n"
         "status = main(['run', '--grid', 'tiny', '--max-time', '0.001', '--out', sys.argv[1]])\n"
-        "assert has_real_gpu() or 'kernels.cuda_backend' not in sys.modules\n"
+        "assert has_real_gpu() or 'kernels.cuda.launch' not in sys.modules\n"
         "sys.exit(status)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -9,11 +9,13 @@ thread pool and compare with single-threaded results bit for bit.
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 import pytest
 
 import kernels
-from kernels import numba_cpu
+from kernels._jit import launch as jit_launch
+from kernels.numba_cpu import config
 
 
 def _problems(n):
@@ -26,7 +28,7 @@ def _problems(n):
 
 @pytest.mark.parametrize("path", ["parallel", "serial"])
 def test_threads_get_the_same_results_as_one_thread(path, monkeypatch):
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", 0 if path == "parallel" else float("inf"))
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", 0 if path == "parallel" else float("inf"))
     problems = _problems(6)
 
     def call(qkv):
@@ -41,7 +43,7 @@ def test_threads_get_the_same_results_as_one_thread(path, monkeypatch):
 
 
 def test_launch_guard_serialises_only_the_unsafe_layer(monkeypatch):
-    monkeypatch.setattr(numba_cpu.numba, "threading_layer", lambda: "workqueue")
-    assert numba_cpu.launch_guard() is numba_cpu._launch_lock
-    monkeypatch.setattr(numba_cpu.numba, "threading_layer", lambda: "omp")
-    assert numba_cpu.launch_guard() is not numba_cpu._launch_lock
+    monkeypatch.setattr(numba.numba, "threading_layer", lambda: "workqueue")
+    assert jit_launch.launch_guard() is jit_launch.launch_lock
+    monkeypatch.setattr(numba.numba, "threading_layer", lambda: "omp")
+    assert jit_launch.launch_guard() is not jit_launch.launch_lock

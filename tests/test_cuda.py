@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import kernels  # noqa: E402
-from kernels import _backends, cuda_backend  # noqa: E402
+from kernels import _dispatch as _backends  # noqa: E402
 from kernels._dropout import keep_mask  # noqa: E402
+from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .support import (  # noqa: E402
     DTYPES,
@@ -314,7 +315,7 @@ def test_large_unscaled_logits_match_reference(Lq, Lk, D, seed, causal):
 # --- PTX: the real compiler, without a GPU ------------------------------------------------
 
 def test_ptx_float32_kernels_have_no_float64_instruction():
-    result = ptx_of_kernels("cuda_backend")
+    result = ptx_of_kernels("cuda.source")
     assert sorted(result) == sorted(
         f"attention_{dtype}@sm_{cc}" for dtype in ("float32", "float64") for cc in ("80", "90")
     )

@@ -16,7 +16,9 @@ import numba  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
 import kernels  # noqa: E402
-from kernels import _backends, cuda_backend  # noqa: E402
+from kernels import _dispatch as _backends  # noqa: E402
+from kernels.cuda import device as cuda_device  # noqa: E402
+from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import (  # noqa: E402
     assert_gradients_match,
@@ -84,7 +86,7 @@ def test_partial_sum_dot_product_beats_one_running_sum():
     sum, on large unscaled logits (|q|, |k| ~ 6, D = 64): smaller mean and max
     error over 256 pairs.  (In the simulator there is no FMA; on a GPU the sums contract
     to FMAs, which only helps.)"""
-    dot = cuda_backend.make_dot(numba.float32)
+    dot = cuda_device.make_dot(numba.float32)
 
     @cuda.jit
     def dots(x, y, out):
@@ -106,7 +108,7 @@ def test_partial_sum_dot_product_beats_one_running_sum():
 
 
 def test_ptx_float32_backward_kernels_have_no_float64_instruction():
-    result = ptx_of_kernels("cuda_backward")
+    result = ptx_of_kernels("cuda.backward")
     assert sorted(result) == sorted(
         f"{kind}_{dtype}@sm_{cc}" for kind in ("dkdv", "dq") for dtype in ("float32", "float64")
         for cc in ("80", "90")

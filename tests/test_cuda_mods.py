@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import kernels  # noqa: E402
-from kernels import _backends, cuda_backend, mods  # noqa: E402
+from kernels import _dispatch as _backends  # noqa: E402
+from kernels import mods  # noqa: E402
+from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import assert_gradients_match, assert_lse_matches  # noqa: E402
 from .support import DTYPES, assert_matches_reference, run_ptx_script  # noqa: E402
@@ -169,7 +171,9 @@ def test_exception_inside_a_function_names_it():
 _PTX_SCRIPT = """
 import numpy as np
 import kernels
-from kernels import _cuda_mods, cuda_backward, mods
+from kernels import mods
+from kernels.cuda import backward as cuda_backward
+from kernels.cuda import mods as _cuda_mods
 
 def stripes(b, h, q_idx, kv_idx, period):
     return (q_idx - kv_idx) % period[0] != 1

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import reference
+from kernels import multihead as reference
 
 # (d_model, n_heads, n_kv_heads, bias, expected count from the formula)
 CONFIGS = [

@@ -1,4 +1,4 @@
-"""The micro-kernel path (kernels/_microkernel.py) against the reference.
+"""The micro-kernel path (kernels/numba_cpu/micro.py) against the reference.
 
 Both ways of packing K and V (a separate launch, or fused into the task loop) are run on
 every checked case and must agree exactly.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from attnbench.measure.oracle import tolerance
-from kernels import _microkernel as mk
+from kernels.numba_cpu import micro as mk
 
 from .support import COMPARISONS, max_error, oracle
 
@@ -133,12 +133,12 @@ def test_tile_product_is_a_register_block():
 def test_lse_as_the_numba_backend(dtype, config):
     """``run`` gives the log-sum-exp the numba backend's return_lse gives (-inf: no key)."""
     import kernels
-    from kernels import numba_cpu
+    from kernels.numba_cpu import choose
 
     q, k, v = _inputs(dtype, 2, 2, 2, 21, 45, 4, 3)
     problem = kernels.prepare(q, k, v, causal="bottom-right", key_lengths=[0, 40])
     out, lse = mk.run(problem, config, block_q=8, block_k=config[1])
-    ref_out, _, ref_lse = numba_cpu.run(problem, return_lse=True)
+    ref_out, _, ref_lse = choose.run(problem, return_lse=True)
     assert np.all(lse[0] == -np.inf) and np.all(out[0] == 0)
     eps = np.finfo(dtype).eps
     np.testing.assert_allclose(lse[1], ref_lse[1], rtol=0, atol=64 * eps * np.abs(ref_lse[1]).max())

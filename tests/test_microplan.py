@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from numba.core import config as numba_config
 
-from kernels import _microplan as mp
+from kernels import stats
+from kernels.numba_cpu import planner as mp
 
 F32 = np.dtype(np.float32)
 
@@ -107,5 +108,5 @@ def test_unwritable_location_falls_back_to_the_user_cache_then_memory(
 def test_median_interval_order_statistics(n, k):
     """The 95% interval of the median is order statistics k and n + 1 - k (1-based)."""
     xs = np.arange(1.0, n + 1)[::-1]
-    median, lo, hi = mp.median_interval(xs)
+    median, lo, hi = stats.median_interval(xs)
     assert median == np.median(xs) and (lo, hi) == (k, n + 1 - k)

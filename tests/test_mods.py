@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import _numba_mods, mods, numba_cpu
+from kernels import mods
+from kernels.numba_cpu import choose, config
+from kernels.numba_cpu import forward as _numba_mods
 
 from .support import DTYPES, assert_matches_reference, max_error, oracle, tolerance
 
-CELL = _numba_mods.CELL_K  # 64: the kernel's unit of tile classification
+CELL = config.CELL_K  # 64: the kernel's unit of tile classification
 
 
 def _qkv(B=2, H=4, Hkv=2, Lq=150, Lk=None, D=16, dtype=np.float32, seed=0):
@@ -167,7 +169,7 @@ def test_softcap_and_chain_equal_the_formula_in_the_reference(dtype):
 @pytest.fixture
 def serial(monkeypatch):
     """Small problems run the serial kernel anyway; make that explicit."""
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", float("inf"))
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
 
 
 NUMBA_SHAPES = [
@@ -228,14 +230,14 @@ def test_numba_mods_combine_with_every_other_mask(serial, name, make, dtype):
 @pytest.mark.parametrize("use_blas", [True, False], ids=["blas", "loops"])
 def test_numba_parallel_kernel(use_blas):
     """The parallel kernel (and the loops of a machine without SciPy) on one combination."""
-    if use_blas and not numba_cpu.HAVE_BLAS:
+    if use_blas and not config.HAVE_BLAS:
         pytest.skip("SciPy is missing")
     q, k, v = _qkv(Lq=150, D=16)
     kwargs = dict(mask_mod=mods.sliding_window(CELL + 1, 2), score_mod=mods.softcap(0.5),
                   causal=True, key_lengths=np.array([150, 100]))
     (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
     problem = kernels.prepare(q, k, v, **kwargs)
-    out, _ = _numba_mods.run(problem, parallel=True, use_blas=use_blas)
+    out, _ = _numba_mods.run_tiles(problem, parallel=True, use_blas=use_blas)
     assert max_error(out, exact) <= tolerance(exact, plain, q.dtype)
 
 
@@ -274,7 +276,7 @@ def test_user_functions_with_bound_arrays_match_the_builtins(serial):
 def test_bound_arrays_change_without_recompiling(serial):
     """Other values and other shapes of the same dtype and rank reuse the compiled kernel."""
     q, k, v = _qkv()
-    kernel = _numba_mods._attention_mods_serial
+    kernel = _numba_mods._attention_serial_user
     bias = np.zeros((4, 3), np.float32)
     kernels.attention(q, k, v, score_mod=mods.score_mod(head_bias, bias), backend="numba")
     compiled = len(kernel.signatures)
@@ -288,7 +290,7 @@ def test_bound_arrays_change_without_recompiling(serial):
     # one more for the (document, bias) pair's first call, none for values or shapes
     assert len(kernel.signatures) == compiled + 1
     # built-ins (their kernel is the one cached on disk): other windows
-    kernel = _numba_mods._attention_mods_serial_cached
+    kernel = _numba_mods._attention_serial
     kernels.attention(q, k, v, mask_mod=mods.sliding_window(3), backend="numba")
     compiled = len(kernel.signatures)
     for left in (0, 7, 200):
@@ -372,8 +374,8 @@ def test_bad_functions_fail_before_any_work(kwargs, error, match, backend, monke
     def no_kernel(*args, **kw):
         raise AssertionError("a kernel ran")
 
-    monkeypatch.setattr(numba_cpu, "run", no_kernel)
-    from kernels import reference
+    monkeypatch.setattr(choose, "run", no_kernel)
+    from kernels.reference import forward as reference
     monkeypatch.setattr(reference, "run", no_kernel)
     with pytest.raises(error, match=match):
         kernels.attention(q, k, v, backend=backend, **kwargs)
@@ -397,7 +399,7 @@ def test_exception_inside_a_function_is_a_value_error_naming_it(parallel):
     problem = kernels.prepare(q, k, v, mask_mod=_raises_late)
     with pytest.raises(ValueError, match=r"mask_mod '_raises_late' raised ValueError: position "
                                          r"17 is cursed") as info:
-        _numba_mods.run(problem, parallel=parallel)
+        _numba_mods.run_tiles(problem, parallel=parallel)
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(ValueError, match=r"score_mod '_score_raises' raised KeyError") as info:
         kernels.attention(q, k, v, score_mod=_score_raises, backend="reference")
@@ -411,7 +413,7 @@ def test_exception_inside_a_function_is_a_value_error_naming_it(parallel):
 @pytest.mark.parametrize("use_blas", [True, False], ids=["blas", "loops"])
 def test_keys_hidden_by_a_mask_function_are_never_read(serial, monkeypatch, garbage, use_blas):
     """Keys another document owns, and keys left of a window, hold garbage: no bit changes."""
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", use_blas and numba_cpu.HAVE_BLAS)
+    monkeypatch.setattr(config, "HAVE_BLAS", use_blas and config.HAVE_BLAS)
     q, k, v = _qkv(B=2, H=2, Hkv=2, Lq=150, D=8)
     ids = _documents(2, 150, [[CELL, 2 * CELL], [CELL, 2 * CELL]])
     doc = mods.document(ids)
@@ -432,7 +434,7 @@ def test_garbage_in_partly_hidden_tiles_changes_no_visible_bit(serial, monkeypat
                                                                 use_blas):
     """A window of 37 keys (not a multiple of any tile): keys 0..39 hold garbage; rows from
     77 on do not see them, but share the key tiles that hold them with keys they see."""
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", use_blas and numba_cpu.HAVE_BLAS)
+    monkeypatch.setattr(config, "HAVE_BLAS", use_blas and config.HAVE_BLAS)
     q, k, v = _qkv(B=1, H=2, Hkv=1, Lq=150, D=8)
     for mask_mod in (mods.sliding_window(37), mods.alibi(np.ones(2))):
         kw = ({"mask_mod": mask_mod} if isinstance(mask_mod, mods.MaskMod)

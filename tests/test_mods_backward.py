@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import mods, numba_backward, numba_cpu
+from kernels import mods
+from kernels.numba_cpu import config
 
 from .backward_support import (
     assert_gradients_match,
@@ -118,7 +119,7 @@ NUMBA_CASES = [
 @pytest.fixture
 def serial(monkeypatch):
     """Small problems run the serial kernel anyway; make that explicit."""
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", float("inf"))
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", float("inf"))
 
 
 @pytest.mark.parametrize("name, dtypes, shape, kwargs", NUMBA_CASES,
@@ -131,14 +132,14 @@ def test_numba_backward_with_mods_matches_the_oracle(serial, name, dtypes, shape
 
 def test_numba_backward_with_mods_without_blas(serial, monkeypatch):
     """The loops that replace the BLAS where SciPy is missing."""
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", False)
+    monkeypatch.setattr(config, "HAVE_BLAS", False)
     name, _, shape, kwargs = NUMBA_CASES[0]
     assert_gradients_match(*_qkv(dtype=np.float32, **shape), "numba", **kwargs)
 
 
 def test_numba_backward_with_mods_parallel_kernel(monkeypatch):
     """The parallel kernel (several chunks of key blocks per (batch, kv head))."""
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", 0)
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", 0)
     q, k, v = _qkv(B=1, Lq=150, D=8, dtype=np.float32)
     name, _, _, kwargs = NUMBA_CASES[0]
     assert_gradients_match(q, k, v, "numba", pass_forward=False, **kwargs)

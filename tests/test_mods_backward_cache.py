@@ -1,8 +1,8 @@
 """The numba backward with built-in mod functions runs the kernel cached on disk.
 
 - its mod functions, the score function's derivative included, are structure-keyed
-  :class:`kernels._mods_cache.CachedFn` for built-ins, dispatchers for user functions;
-- built-ins run :data:`kernels.numba_backward.KERNELS` (cached), a user function anywhere
+  :class:`kernels.mods.cache.CachedFn` for built-ins, dispatchers for user functions;
+- built-ins run :data:`kernels.numba_cpu.backward.KERNELS` (cached), a user function anywhere
   in the call runs ``KERNELS_WITH_USER_MODS`` (compiled per process), and no dispatcher
   type ever reaches the cached kernel's signatures.
 
@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 from numba import types
 
-from kernels import _mods_cache, _numba_mods_backward, mods, numba_backward
+from kernels import mods
 from kernels._validate import check_attention_args, check_mods
+from kernels.mods import cache as _mods_cache
+from kernels.numba_cpu import backward as numba_backward
+from kernels.numba_cpu import config
+from kernels.numba_cpu import mods as _numba_mods_backward
 
 from .backward_support import assert_gradients_match
 
@@ -37,7 +41,7 @@ def _qkv(L=21, dtype=np.float32):
 
 @pytest.fixture
 def serial(monkeypatch):
-    monkeypatch.setattr(numba_backward, "SERIAL_WORK_LIMIT", float("inf"))
+    monkeypatch.setattr(config, "BACKWARD_SERIAL_WORK_LIMIT", float("inf"))
 
 
 def _types_of(dispatcher) -> list:

@@ -1,5 +1,5 @@
 """The built-in mod functions' CPU kernels (and the loops that evaluate them for the
-reference and ``block_mask``) are cached on disk (``kernels._mods_cache``).
+reference and ``block_mask``) are cached on disk (``kernels.mods.cache``).
 
 - structure keys: equal for the same code whatever the bound values, different for other
   code, None (no disk cache) as soon as a user function is inside;
@@ -18,7 +18,10 @@ import textwrap
 import numpy as np
 from numba import njit, types
 
-from kernels import _mods_cache, _numba_mods, mods, numba_cpu
+from kernels import mods
+from kernels.mods import cache as _mods_cache
+from kernels.numba_cpu import config
+from kernels.numba_cpu import forward as _numba_mods
 
 from .support import REPO, assert_matches_reference
 
@@ -72,8 +75,8 @@ def _qkv(L=70, dtype=np.float32):
 
 
 def test_builtins_run_the_cached_kernel_and_user_functions_the_other(monkeypatch):
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", float("inf"))
-    cached, uncached = _numba_mods._attention_mods_serial_cached, _numba_mods._attention_mods_serial
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
+    cached, uncached = _numba_mods._attention_serial, _numba_mods._attention_serial_user
     q, k, v = _qkv()
     builtin = mods.and_masks(mods.sliding_window(5), mods.prefix_lm(3))
     assert_matches_reference(q, k, v, "numba", causal=True, mask_mod=builtin,
@@ -103,8 +106,12 @@ _SECOND_PROCESS = """
 import json
 import numpy as np
 import kernels
-from kernels import _mods_dense, _numba_mods, mods, numba_cpu
-numba_cpu.SERIAL_WORK_LIMIT = float("inf")
+from kernels import mods
+from kernels.mods import dense as _mods_dense
+from kernels.numba_cpu import config
+from kernels.numba_cpu import forward as _numba_mods
+from kernels.numba_cpu import mods as _numba_cpu_mods
+config.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))
 docs = np.repeat(np.arange(5), 14)
@@ -117,8 +124,8 @@ mods.block_mask(mods.document(docs), 1, 2, 70, 70)  # the tile loop
 mods.sliding_window(9).dense(1, 2, 70, 70)
 mods.alibi([1.0, 2.0]).dense(np.zeros((1, 2, 70, 70), np.float32), np.float32)
 stats = {}
-for module, name in [(_numba_mods, "_attention_mods_serial_cached"),
-                     (_numba_mods, "_visible_work_cached"),
+for module, name in [(_numba_mods, "_attention_serial"),
+                     (_numba_cpu_mods, "_visible_work_cached"),
                      (_mods_dense, "_classify_cells_cached"),
                      (_mods_dense, "_dense_visible_cached"), (_mods_dense, "_dense_apply_cached")]:
     s = getattr(module, name).stats

@@ -1,7 +1,9 @@
 """The package's Numba cache stamps (kernels/_numba_cache.py): an edit of a helper module
 that a cached kernel imports makes that kernel's cache entry stale."""
 
-from kernels import _microkernel, _numba_cache, numba_cpu
+from kernels._jit import cache as _numba_cache
+from kernels.numba_cpu import forward
+from kernels.numba_cpu import micro as _microkernel
 
 
 def _package(tmp_path, files):
@@ -34,8 +36,8 @@ def test_the_stamp_changes_when_a_helper_changes(monkeypatch, tmp_path):
 
 def test_the_kernels_are_stamped_with_their_helpers():
     assert _numba_cache.INSTALLED
-    for kernel, helpers in ((numba_cpu._attend_block, {"_numba_math.py", "_numba_tiles.py"}),
-                            (_microkernel._kernel, {"_numba_math.py", "_numba_launch.py"})):
+    for kernel, helpers in ((forward._attend_block, {"math.py", "tiles.py"}),
+                            (_microkernel._kernel, {"math.py", "launch.py"})):
         locator = kernel._cache._impl.locator
         assert getattr(locator, "package_locator", False)
         files = {p.name for p in _numba_cache.dependencies(locator._py_file)}
@@ -48,5 +50,81 @@ def test_functions_outside_the_package_keep_numbas_locators(tmp_path):
     source.write_text("def f(x):\n    return x\n")
     namespace = {}
     exec(compile(source.read_text(), str(source), "exec"), namespace)
-    locator_class = type(numba_cpu._attend_block._cache._impl.locator)
+    locator_class = type(forward._attend_block._cache._impl.locator)
     assert locator_class.from_function(namespace["f"], str(source)) is None
+
+
+def test_dependencies_follow_relative_imports_of_any_depth(monkeypatch, tmp_path):
+    files = {
+        "__init__.py": "from ._api import run\n",  # the face: not read by a kernel
+        "_api.py": "",
+        "jit/__init__.py": "",
+        "jit/maths.py": "from .consts import C\n",
+        "jit/consts.py": "",
+        "jit/unused.py": "",
+        "cpu/__init__.py": "from .forward import run\n",
+        "cpu/forward.py": "from ..jit.maths import f\nfrom . import tiles\nfrom .. import mods\n"
+                          "import kernels_like.jit.deep\n",
+        "cpu/tiles.py": "from ..jit import maths\n",
+        "mods/__init__.py": "from .spec import m\n",
+        "mods/spec.py": "",
+        "jit/deep.py": "",
+    }
+    root = tmp_path / "kernels_like"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(_numba_cache, "PACKAGE_DIR", root)
+    names = [p.relative_to(root).as_posix()
+             for p in _numba_cache.dependencies(root / "cpu" / "forward.py")]
+    assert names == ["cpu/forward.py", "cpu/tiles.py", "jit/__init__.py", "jit/consts.py",
+                     "jit/deep.py", "jit/maths.py", "mods/__init__.py", "mods/spec.py"]
+    before = _numba_cache.source_stamp(root / "cpu" / "forward.py")
+    (root / "jit" / "unused.py").write_text("X = 1\n")
+    assert _numba_cache.source_stamp(root / "cpu" / "forward.py") == before
+    (root / "jit" / "consts.py").write_text("C = 2\n")
+    assert _numba_cache.source_stamp(root / "cpu" / "forward.py") != before
+
+
+_RUN_CACHED = """
+import sys
+from pathlib import Path
+from kernels._jit import cache as _numba_cache
+_numba_cache.PACKAGE_DIR = Path(sys.argv[1]).resolve() / "tinypkg"
+sys.path.insert(0, sys.argv[1])
+from tinypkg.cpu import kern
+print(kern.g(), kern.g.stats.cache_hits.get(kern.g.signatures[0], 0) if kern.g.signatures
+      else 0)
+"""
+
+
+def test_editing_a_helper_in_a_subfolder_makes_a_cached_kernel_stale(tmp_path):
+    """A real Numba cache: the kernel in ``cpu/kern.py`` inlines ``jit/helper.py``'s
+    function (a subfolder of the package's other branch); editing only the helper must
+    compile the kernel again (Numba alone would load the stale machine code: its stamp is
+    the kernel file's)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "tinypkg"
+    for name, text in {
+        "__init__.py": "", "cpu/__init__.py": "", "jit/__init__.py": "",
+        "jit/helper.py": "from numba import njit\n\n@njit\ndef f():\n    return 1\n",
+        "cpu/kern.py": "from numba import njit\nfrom ..jit.helper import f\n\n"
+                       "@njit(cache=True)\ndef g():\n    return f()\n",
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _RUN_CACHED, str(tmp_path)], env=env,
+                              capture_output=True, text=True, check=True)
+        return done.stdout.split()
+
+    assert run()[0] == "1"
+    assert run() == ["1", "1"]  # loaded from the cache
+    (root / "jit" / "helper.py").write_text(
+        "from numba import njit\n\n@njit\ndef f():\n    return 2\n")
+    assert run()[0] == "2"  # not the stale entry

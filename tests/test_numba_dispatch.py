@@ -13,7 +13,9 @@ import pytest
 import kernels
 from attnbench.measure.machine import machine_record, summary_lines
 from attnbench.measure.oracle import tolerance
-from kernels import _microkernel, _microplan, numba_cpu
+from kernels.numba_cpu import choose, config
+from kernels.numba_cpu import micro as _microkernel
+from kernels.numba_cpu import planner as _microplan
 
 from .support import COMPARISONS, max_error, oracle
 
@@ -23,7 +25,7 @@ F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 @pytest.fixture
 def calls(monkeypatch):
     """Every problem size runs parallel; records the calls of the micro-kernel path."""
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", 0)
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", 0)
     seen = []
     real = _microkernel.run
 
@@ -96,15 +98,15 @@ def test_what_the_micro_path_cannot_do_or_was_not_asked_stays_on_the_tiles(
     run = {"use_blas": {"use_blas": True}, "loops": {"use_blas": False},
            "serial": {"parallel": False}, "micro=False": {"micro": False}}.get(why, {})
     if why == "small":
-        monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", float("inf"))
-    numba_cpu.run(problem, **run)
+        monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
+    choose.run(problem, **run)
     assert calls == []
 
 
 def test_micro_true_forces_the_path_without_planning(monkeypatch, calls):
     q, k, v = _inputs(np.float64, 1, 1, 1, 9, 9, 4, 4)
     monkeypatch.setattr(_microplan, "choice", lambda *a, **k: pytest.fail("planned"))
-    numba_cpu.run(kernels.prepare(q, k, v), micro=True)
+    choose.run(kernels.prepare(q, k, v), micro=True)
     assert calls == [_microkernel.CONFIGS[F64][0]]  # nothing planned: the default block
 
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import numba_cpu
+from kernels._jit import math as jit_math
+from kernels.numba_cpu import config, forward
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -32,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 TILES = {
     "small": (BQ, BQ, BK, DK),  # fixed 16 x 32 tiles, 8 at the diagonal
     "adaptive": (64, 8, BK, 16),  # query blocks halved for parallelism, down to 8
-    "default": (numba_cpu.BLOCK_Q, numba_cpu.MIN_BLOCK_Q, numba_cpu.BLOCK_K,
-                numba_cpu.BLOCK_K_DIAGONAL),
+    "default": (config.BLOCK_Q, config.MIN_BLOCK_Q, config.BLOCK_K,
+                config.BLOCK_K_DIAGONAL),
 }
 
 
@@ -42,11 +43,11 @@ def tiles(request, monkeypatch):
     """The numba backend with shrunk tiles, through its serial or its parallel kernel."""
     geometry, path = request.param.split("-")
     block_q, min_block_q, block_k, diag_k = TILES[geometry]
-    monkeypatch.setattr(numba_cpu, "BLOCK_Q", block_q)
-    monkeypatch.setattr(numba_cpu, "MIN_BLOCK_Q", min_block_q)
-    monkeypatch.setattr(numba_cpu, "BLOCK_K", block_k)
-    monkeypatch.setattr(numba_cpu, "BLOCK_K_DIAGONAL", diag_k)
-    monkeypatch.setattr(numba_cpu, "SERIAL_WORK_LIMIT", 0 if path == "parallel" else np.inf)
+    monkeypatch.setattr(config, "BLOCK_Q", block_q)
+    monkeypatch.setattr(config, "MIN_BLOCK_Q", min_block_q)
+    monkeypatch.setattr(config, "BLOCK_K", block_k)
+    monkeypatch.setattr(config, "BLOCK_K_DIAGONAL", diag_k)
+    monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", 0 if path == "parallel" else np.inf)
     return "numba"
 
 
@@ -199,7 +200,7 @@ def test_non_finite_hidden_keys_and_values(where, bad, dtype, tiles):
 @pytest.mark.parametrize("case", [BOUNDARY_CASES[i] for i in (9, 17, 27, 44, 60, 86, 95)])
 def test_loops_instead_of_blas(case, dtype, tiles, monkeypatch):
     """The tile products as Numba loops (what runs where SciPy is missing)."""
-    monkeypatch.setattr(numba_cpu, "HAVE_BLAS", False)
+    monkeypatch.setattr(config, "HAVE_BLAS", False)
     q, k, v, kwargs = make_inputs(case, dtype, seed=8)
     assert_matches_reference(q, k, v, tiles, **kwargs)
 
@@ -213,14 +214,14 @@ def test_kernel_runs_without_scipy(tmp_path):
         "importlib.util.find_spec = lambda name, *a: None if name == 'scipy' else find(name, *a)\n"
         "sys.modules['scipy'] = None\n"
         "import numpy as np\n"
-        "from kernels import numba_cpu\n"
-        "assert not numba_cpu.HAVE_BLAS\n"
+        "from kernels.numba_cpu import config\n"
+        "assert not config.HAVE_BLAS\n"
         "from tests.support import Case, make_inputs, assert_matches_reference\n"
         "for causal in (False, True):\n"
         "    case = Case('no scipy', B=2, H=2, Lq=70, Lk=300, D=16, causal=causal,\n"
         "                key_lengths='random')\n"
         "    q, k, v, kwargs = make_inputs(case, np.float32)\n"
-        "    numba_cpu.SERIAL_WORK_LIMIT = 0\n"
+        "    config.SERIAL_WORK_LIMIT = 0\n"
         "    assert_matches_reference(q, k, v, 'numba', **kwargs)\n"
         "assert 'scipy.linalg' not in sys.modules\n"
     )
@@ -238,10 +239,10 @@ def test_fast_exp_is_accurate_to_about_one_ulp(dtype):
     """The kernel's exp, on x <= 0 (the softmax's arguments): <= 1.1 ulp, flushed below tiny."""
     from numba import njit
 
-    @njit(fastmath=numba_cpu._FASTMATH)
+    @njit(fastmath=jit_math.FASTMATH)
     def exp_all(x, out):
         for i in range(x.size):
-            out[i] = numba_cpu.fast_exp(x[i])
+            out[i] = jit_math.fast_exp(x[i])
 
     tiny = np.finfo(dtype).tiny
     x = np.concatenate([np.linspace(-30, 0, 200_001), np.linspace(np.log(tiny) - 5, 0, 100_001),
@@ -265,8 +266,8 @@ def test_integer_max_keys_order_as_the_floats(dtype):
         out = np.empty(x.size, dtype=np.int64)
         back = np.empty_like(x)
         for i in range(x.size):
-            out[i] = numba_cpu._max_key(x[i])
-            back[i] = numba_cpu._from_max_key(numba_cpu._max_key(x[i]))
+            out[i] = jit_math.max_key(x[i])
+            back[i] = jit_math.from_max_key(jit_math.max_key(x[i]))
         return out, back
 
     x = np.array([-np.inf, -3.5, -1e-30, 0.0, 1e-30, 2.0, 7.5, np.inf], dtype=dtype)
@@ -295,12 +296,12 @@ def test_bool_masks_reach_the_backends_as_given():
 
 
 def test_block_rows_leave_every_thread_two_tasks(monkeypatch):
-    monkeypatch.setattr(numba_cpu, "BLOCK_Q", 256)
-    monkeypatch.setattr(numba_cpu, "MIN_BLOCK_Q", 32)
+    monkeypatch.setattr(config, "BLOCK_Q", 256)
+    monkeypatch.setattr(config, "MIN_BLOCK_Q", 32)
 
     def rows(B, H, L, threads):
         q = np.zeros((B, H, L, 4), np.float32)
-        return numba_cpu.block_rows(kernels.prepare(q, q, q), threads)
+        return forward.block_rows(kernels.prepare(q, q, q), threads)
 
     assert rows(1, 12, 4096, 2) == 256  # plenty of tasks
     assert rows(1, 1, 512, 2) == 128  # 4 tasks

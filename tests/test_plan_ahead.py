@@ -4,7 +4,7 @@ import io
 
 import kernels
 from attnbench.measure.machine import plan_ahead
-from kernels import _microplan
+from kernels.numba_cpu import planner as _microplan
 
 
 def test_plan_needed_follows_the_work_limit_and_the_stored_choice(monkeypatch):

@@ -22,19 +22,20 @@ import numpy as np
 from numba import njit, prange
 
 import kernels
-from kernels import numba_cpu
+from kernels._jit import launch as jit_launch
+from kernels.numba_cpu import config, forward
 
 __all__ = ["available", "measurable", "tile_gemms", "tile_gemms_call"]
 
 
 def available() -> bool:
     """True where the kernel uses the BLAS (SciPy and threadpoolctl installed)."""
-    return numba_cpu.HAVE_BLAS
+    return config.HAVE_BLAS
 
 
 def measurable(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
     """True where the kernel would run these inputs in parallel with the BLAS: the floor's case."""
-    return available() and not numba_cpu.is_small(kernels.prepare(q, k, v))
+    return available() and not forward.is_small(kernels.prepare(q, k, v))
 
 
 @njit(parallel=True, cache=True)
@@ -88,13 +89,13 @@ def tile_gemms(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
         raise BackendUnavailableError("the tile GEMMs need SciPy's BLAS (and threadpoolctl)")
     problem = kernels.prepare(q, k, v)
-    if numba_cpu.is_small(problem):
+    if forward.is_small(problem):
         raise ValueError(f"shape {problem.shape} runs the serial kernel: no parallel floor")
-    block_q = numba_cpu.block_rows(problem, numba.get_num_threads())
+    block_q = forward.block_rows(problem, numba.get_num_threads())
     B, H, _, Lq, _, _, Dv = problem.shape
     out = np.empty((B, H, Lq, Dv), dtype=problem.dtype)
-    with numba_cpu.launch_guard(), numba_cpu.single_threaded_blas():
-        _tile_gemms(problem.q, problem.k, problem.v, out, block_q, numba_cpu.BLOCK_K)
+    with jit_launch.launch_guard(), jit_launch.single_threaded_blas():
+        _tile_gemms(problem.q, problem.k, problem.v, out, block_q, config.BLOCK_K)
     return out
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 import kernels
 from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
-from kernels import reference
+from kernels import multihead
 
 #: Article 001's one-block example: the embeddings of "I love this movie" (4 x 3).
 EXAMPLE_EMBEDDINGS = np.array([[1.0, 0.2, 0.1],   # I
@@ -121,9 +121,9 @@ def c17() -> Result:
         x = randn(rng, 2, 11, d_model, dtype=np.float64)
         widths_ok &= layer.d_head * heads == d_model
         for causal in (False, True):
-            loop = reference.multihead_loop(x, params, heads, kv, causal=causal)
+            loop = multihead.multihead_loop(x, params, heads, kv, causal=causal)
             for backend in ("reference", "numba"):
-                fused = reference.multihead_fused(x, params, heads, kv, backend=backend,
+                fused = multihead.multihead_fused(x, params, heads, kv, backend=backend,
                                                   causal=causal)
                 worst = max(worst, float(np.abs(fused - loop).max() / np.abs(loop).max()))
     measured = (f"d_head·heads = d_model for 64/8, 48/6 (2 KV heads), 768/12: {widths_ok}; "

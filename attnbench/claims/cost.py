@@ -47,7 +47,7 @@ from attnbench.studies.scaling import (
     lower_order_dominates,
     lower_term,
 )
-from kernels import reference
+from kernels import multihead
 
 
 def _randn(rng, *shape):
@@ -215,17 +215,17 @@ def judge_c18(is_view: bool, share_interval: tuple[float, float]) -> tuple[str, 
 
 
 def c18() -> Result:
-    """Rule: :func:`judge_c18` on whether kernels.reference.merge_heads returns a view of the
+    """Rule: :func:`judge_c18` on whether kernels.multihead.merge_heads returns a view of the
     batched result (np.shares_memory) and on its time relative to the attention call that
     produced it (BERT-base shape: 12 heads, L = 512, d_head = 64; single-thread CPU time,
     interleaved, ratio interval by bootstrap)."""
     rng = np.random.default_rng(31)
     q = _randn(rng, 1, 12, 512, 64)
     heads = kernels.attention(q, q, q)  # (1, 12, 512, 64)
-    merged = reference.merge_heads(heads)  # (1, 512, 768)
+    merged = multihead.merge_heads(heads)  # (1, 512, 768)
     is_view = bool(np.shares_memory(merged, heads))
-    split_view = bool(np.shares_memory(reference.split_heads(merged, 12), merged))
-    times = interleaved_medians({"merge": lambda: reference.merge_heads(heads),
+    split_view = bool(np.shares_memory(multihead.split_heads(merged, 12), merged))
+    times = interleaved_medians({"merge": lambda: multihead.merge_heads(heads),
                                  "attention": lambda: kernels.attention(q, q, q)},
                                 rounds=2, max_time=0.1, cpu=True)
     share, low, high = ratio(times, "merge", "attention")

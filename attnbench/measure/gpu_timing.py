@@ -213,7 +213,7 @@ def _cuda_parts(q, k, v, kwargs):
     """(upload, launch, download, device bytes) for kernels.cuda_backend."""
     from numba import cuda
 
-    from kernels import cuda_backend
+    from kernels.cuda import launch as cuda_backend
 
     q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))
 

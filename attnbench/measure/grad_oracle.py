@@ -2,7 +2,7 @@
 
 As for the forward (:mod:`attnbench.measure.oracle`): the gradients ``(dq, dk, dv)`` of a
 backend must lie within twice the error of the same formulas evaluated in the input dtype
-(:func:`kernels.reference_backward.run_backward` with ``compute_dtype`` the input dtype)
+(:func:`kernels.reference.backward.run_backward` with ``compute_dtype`` the input dtype)
 plus a few ulps, against the formulas in the wider dtype (float64 for float32 inputs,
 ``np.longdouble`` for float64).  The fused backends rebuild the softmax from a stored
 log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
-from kernels.reference_backward import run_backward
+from kernels.reference.backward import run_backward
 
 __all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
 

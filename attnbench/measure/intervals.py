@@ -13,6 +13,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from kernels.stats import interval_rank
+
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "MIN_INTERVAL_SAMPLES", "format_samples",
            "median_interval", "paired_ratio_interval", "parse_samples", "ratio_interval"]
 
@@ -38,7 +40,7 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     (low, high) : tuple of float
         ``(x_(k), x_(n+1-k))``, the k-th smallest and largest samples, with k the largest
         rank whose binomial tail ``P(Binomial(n, 1/2) < k)`` is at most ``(1 - confidence)
-        / 2`` (:func:`scipy.stats.binom`).  ``(nan, nan)`` with fewer than
+        / 2`` (:func:`kernels.stats.interval_rank`).  ``(nan, nan)`` with fewer than
         :data:`MIN_INTERVAL_SAMPLES` samples (with five, no such interval reaches 95%).
 
     Notes
@@ -57,7 +59,7 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     n = values.size
     if n < MIN_INTERVAL_SAMPLES:
         return math.nan, math.nan
-    rank = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # P(B < rank) <= tail
+    rank = interval_rank(n, confidence)  # P(B < rank) <= tail (kernels.stats, one definition)
     if rank < 1:
         return math.nan, math.nan
     return float(values[rank - 1]), float(values[n - rank])

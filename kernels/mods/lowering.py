@@ -1,0 +1,377 @@
+"""Compiling and checking the score and mask functions of :mod:`kernels.mods`.
+
+Every function a kernel calls has one of two internal forms, with the bound data as one
+flat tuple ``args`` after the index arguments:
+
+    mask element   m(b, h, q_idx, kv_idx, args) -> bool          True = attend
+    mask tile      t(b, h, i0, i1, j0, j1, args) -> EMPTY | PARTIAL | FULL
+    score element  s(score, b, h, q_idx, kv_idx, args) -> float
+
+The tile form classifies the pairs ``[i0, i1) x [j0, j1)``: EMPTY only if no pair is
+visible, FULL only if every pair is, PARTIAL otherwise (always a safe answer).  A user
+function ``fn(b, h, q_idx, kv_idx, *arrays)`` is adapted to the element form by a small
+wrapper; combinations (``and_masks``, ``chain``...) are closures over their children's
+compiled functions that pass each child its slice of ``args``.  The tuple stays flat
+because Numba's parallel loops cannot capture nested tuples of arrays.
+
+Functions are compiled once per structure (the same functions, whatever the bound
+values), per target (``"cpu"``: ``numba.njit``; ``"cuda"``: a CUDA device function) and
+per dtype of the scores: the kernels are specialised on them (each Numba function is a
+type of its own) and LLVM inlines them, so a score function costs no call per element.
+Bound arrays of the same dtype and rank never cause a recompilation.
+
+Numba is imported only when this module is, that is when a mod is first used.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numba
+import numpy as np
+from numba import njit, types
+
+from .._jit.math import EXACT_MATH, exp32
+from .cells import EMPTY, FULL, PARTIAL
+
+# --- jitting per target -----------------------------------------------------------------------
+
+
+def jit_for(target: str):
+    """The decorator that compiles a mod function for ``target`` ("cpu" or "cuda")."""
+    if target == "cpu":
+        return njit
+    if target == "cuda":
+        from numba import cuda
+
+        return cuda.jit(device=True, inline="always")
+    raise ValueError(f"unknown target {target!r}")
+
+
+_MEMO: dict = {}
+
+
+def memo(key, build):
+    """``build()`` once per ``key`` (a hashable structure description); the same result after."""
+    try:
+        return _MEMO[key]
+    except KeyError:
+        result = _MEMO[key] = build()
+        return result
+
+
+def scalar_type(dtype):
+    """The Numba scalar type of ``dtype``: also a cast inside compiled code (``F(x)``)."""
+    return numba.from_dtype(np.dtype(dtype))
+
+
+# --- a vectorisable tanh (softcap on the CPU) -------------------------------------------------
+
+# Cephes' tanhf: an odd polynomial for |x| < 0.625, (1 - e) / (1 + e) with e = exp(-2|x|)
+# above (no cancellation there: e <= 0.29).  Written with selects, no branch, so that LLVM
+# vectorises the loops that call it; math.tanh is a scalar libm call (~4 ns per float32).
+_f32 = np.float32
+_TH0, _TH1, _TH2, _TH3, _TH4 = (_f32(c) for c in (
+    -5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+    -3.33332819422e-1))
+_TH_SMALL = _f32(0.625)
+
+
+def _tanh32_source():
+    @njit(fastmath=EXACT_MATH)
+    def tanh32(x):
+        """tanh of a float32 (a few ulp; NaN for NaN)."""
+        a = abs(x)
+        z = x * x
+        small = ((((_TH0 * z + _TH1) * z + _TH2) * z + _TH3) * z + _TH4) * z * x + x
+        e = exp32(-(a + a))
+        big = (_f32(1) - e) / (_f32(1) + e)
+        big = big if x >= _f32(0) else -big
+        return small if a < _TH_SMALL else big
+
+    return tanh32
+
+
+def tanh_for(target: str, dtype):
+    """A compiled tanh for scores of ``dtype`` on ``target``."""
+    if target == "cpu" and np.dtype(dtype) == np.float32:
+        return memo(("tanh32",), _tanh32_source)
+    return math.tanh
+
+
+# --- user functions ---------------------------------------------------------------------------
+
+
+def describe(kind: str, fn) -> str:
+    """``"mask_mod 'name'"``: how errors name a user function."""
+    py = getattr(fn, "py_func", fn)
+    name = getattr(py, "__qualname__", None) or getattr(py, "__name__", None) or repr(py)
+    return f"{kind} {name!r}"
+
+
+def python_function(kind: str, fn):
+    """The Python function behind ``fn`` (a plain function or a Numba dispatcher)."""
+    py = getattr(fn, "py_func", fn)
+    if not callable(fn) or not (inspect.isfunction(py) or inspect.ismethod(py)):
+        raise TypeError(
+            f"{kind} must be a Python function or an @numba.njit function; got "
+            f"{type(fn).__name__}"
+        )
+    return py
+
+
+def check_arity(kind: str, fn, n_index: int, n_arrays: int) -> None:
+    """TypeError naming ``fn`` unless it takes ``n_index`` index arguments and the arrays."""
+    py = python_function(kind, fn)
+    expected = ("score, b, h, q_idx, kv_idx" if kind == "score_mod" else "b, h, q_idx, kv_idx")
+    if n_arrays:
+        expected += f", + {n_arrays} bound array(s)"
+    try:
+        inspect.signature(py).bind(*range(n_index + n_arrays))
+    except TypeError:
+        raise TypeError(
+            f"{describe(kind, fn)} must take ({expected}): {n_index + n_arrays} positional "
+            f"arguments; its signature is {inspect.signature(py)}"
+        ) from None
+
+
+_CANONICAL: dict = {}
+
+
+def canonical(fn):
+    """The first function seen with ``fn``'s code, globals and defaults, if it has no closure.
+
+    A lambda or local function written once but created anew at each call (a fresh object
+    each time) then compiles once, not at every call.
+    """
+    if isinstance(fn, numba.core.registry.CPUDispatcher) or not inspect.isfunction(fn):
+        return fn
+    if fn.__closure__ is not None or fn.__kwdefaults__:
+        return fn
+    key = (fn.__code__, id(fn.__globals__), fn.__defaults__)
+    try:
+        return _CANONICAL.setdefault(key, fn)
+    except TypeError:  # unhashable defaults
+        return fn
+
+
+def cpu_dispatcher(fn):
+    """``fn`` as a Numba CPU dispatcher: itself if it is one, else ``numba.njit(fn)`` (memoised)."""
+    if isinstance(fn, numba.core.registry.CPUDispatcher):
+        return fn
+    return memo(("njit", fn), lambda: njit(fn))
+
+
+def probe(kind: str, fn, arg_types: tuple, want) -> None:
+    """Compile ``fn`` for ``arg_types`` and check its return type; TypeError naming ``fn``.
+
+    ``want`` is a Numba type class (``types.Boolean`` for masks, ``types.Float`` for scores).
+    Nothing runs: this only compiles (once per argument types; Numba keeps the result).
+    """
+    disp = cpu_dispatcher(fn)
+    try:
+        disp.compile(arg_types)
+    except Exception as exc:  # a NumbaError, or an error raised while Numba reads the code
+        first = str(exc).strip().splitlines()
+        raise TypeError(
+            f"Numba cannot compile {describe(kind, fn)} for arguments "
+            f"({', '.join(str(t) for t in arg_types)}): "
+            f"{first[0] if first else type(exc).__name__}"
+        ) from exc
+    ret = disp.overloads[tuple(arg_types)].signature.return_type
+    if not isinstance(ret, want):
+        expected = "a bool (True = attend)" if kind == "mask_mod" else "a float (the new score)"
+        raise TypeError(f"{describe(kind, fn)} must return {expected}; it returns {ret}")
+
+
+def adapt_user(target: str, kind: str, fn, n_arrays: int):
+    """The element form of user function ``fn``: passes ``args[0] .. args[n - 1]`` after
+    the indices.  Written out (not ``*args``): CUDA's IR-level inlining rejects a star call."""
+
+    def build():
+        if target == "cpu":
+            inner = cpu_dispatcher(fn)
+        else:
+            inner = jit_for(target)(python_function(kind, fn))
+        index = "b, h, q_idx, kv_idx" if kind == "mask_mod" else "score, b, h, q_idx, kv_idx"
+        call = ", ".join([index] + [f"args[{n}]" for n in range(n_arrays)])
+        namespace = {"inner": inner}
+        exec(f"def element({index}, args):\n    return inner({call})\n", namespace)
+        return jit_for(target)(namespace["element"])
+
+    return memo(("user", target, kind, fn, n_arrays), build)
+
+
+def normalise_array(name: str, x) -> np.ndarray:
+    """A bound array as a C-contiguous NumPy array of a numeric or bool dtype."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected bool, integer or float")
+    return np.ascontiguousarray(arr)
+
+
+# --- generic tile forms and combinations --------------------------------------------------------
+
+
+def exact_tile(target: str, element):
+    """A tile form that evaluates the element mask on every pair (exact, O(tile area))."""
+
+    def build():
+        def tile(b, h, i0, i1, j0, j1, args):
+            seen = 0
+            for i in range(i0, i1):
+                for j in range(j0, j1):
+                    if element(b, h, i, j, args):
+                        seen += 1
+            if seen == 0:
+                return EMPTY
+            return FULL if seen == (i1 - i0) * (j1 - j0) else PARTIAL
+
+        return jit_for(target)(tile)
+
+    return memo(("exact_tile", target, element), build)
+
+
+def combine_masks(target: str, op: str, first, second, n_first: int):
+    """``first op second`` for two element forms (op "and"/"or"); ``args`` split at n_first."""
+
+    def build():
+        if op == "and":
+            def element(b, h, q_idx, kv_idx, args):
+                return (first(b, h, q_idx, kv_idx, args[:n_first])
+                        and second(b, h, q_idx, kv_idx, args[n_first:]))
+        else:
+            def element(b, h, q_idx, kv_idx, args):
+                return (first(b, h, q_idx, kv_idx, args[:n_first])
+                        or second(b, h, q_idx, kv_idx, args[n_first:]))
+        return jit_for(target)(element)
+
+    return memo(("combine", target, op, first, second, n_first), build)
+
+
+def combine_tiles(target: str, op: str, first, second, n_first: int):
+    """Tile forms of ``first op second``: conservative (PARTIAL when unsure)."""
+
+    def build():
+        if op == "and":
+            def tile(b, h, i0, i1, j0, j1, args):
+                a = first(b, h, i0, i1, j0, j1, args[:n_first])
+                if a == EMPTY:
+                    return EMPTY
+                c = second(b, h, i0, i1, j0, j1, args[n_first:])
+                if c == EMPTY:
+                    return EMPTY
+                return FULL if a == FULL and c == FULL else PARTIAL
+        else:
+            def tile(b, h, i0, i1, j0, j1, args):
+                a = first(b, h, i0, i1, j0, j1, args[:n_first])
+                if a == FULL:
+                    return FULL
+                c = second(b, h, i0, i1, j0, j1, args[n_first:])
+                if c == FULL:
+                    return FULL
+                return EMPTY if a == EMPTY and c == EMPTY else PARTIAL
+        return jit_for(target)(tile)
+
+    return memo(("combine_tile", target, op, first, second, n_first), build)
+
+
+def chain_scores(target: str, first, second, n_first: int):
+    """``second(first(score))``: score functions applied left to right."""
+
+    def build():
+        def element(score, b, h, q_idx, kv_idx, args):
+            return second(first(score, b, h, q_idx, kv_idx, args[:n_first]), b, h, q_idx,
+                          kv_idx, args[n_first:])
+        return jit_for(target)(element)
+
+    return memo(("chain", target, first, second, n_first), build)
+
+
+def chain_grads(target: str, first, first_grad, second_grad, n_first: int):
+    """d/dscore of ``second(first(score))``: ``second'(first(score)) · first'(score)``."""
+
+    def build():
+        def grad(score, b, h, q_idx, kv_idx, args):
+            inner = first(score, b, h, q_idx, kv_idx, args[:n_first])
+            return (second_grad(inner, b, h, q_idx, kv_idx, args[n_first:])
+                    * first_grad(score, b, h, q_idx, kv_idx, args[:n_first]))
+        return jit_for(target)(grad)
+
+    return memo(("chain_grad", target, first, first_grad, second_grad, n_first), build)
+
+
+# --- the identities a kernel uses when a call has no mod -----------------------------------------
+
+
+def _always_visible(b, h, q_idx, kv_idx, args):
+    return True
+
+
+def _always_full(b, h, i0, i1, j0, j1, args):
+    return FULL
+
+
+def _same_score(score, b, h, q_idx, kv_idx, args):
+    return score
+
+
+def user_names(problem) -> tuple:
+    """The user functions of a problem's mods, as error messages name them."""
+    names = ()
+    for mod in (problem.mask_mod, problem.score_mod):
+        if mod is not None:
+            names += mod.user_names
+    return names
+
+
+def identity_mask(target: str):
+    """(element, tile) of the mask that hides nothing."""
+    jit = jit_for(target)
+    return memo(("no_mask", target), lambda: (jit(_always_visible), jit(_always_full)))
+
+
+def identity_score(target: str):
+    """The score function that changes nothing."""
+    return memo(("no_score", target), lambda: jit_for(target)(_same_score))
+
+
+def identity_score_grad(target: str, dtype):
+    """The derivative of :func:`identity_score`: 1 in the scores' dtype."""
+    F = scalar_type(dtype)
+
+    def build():
+        def unit(score, b, h, q_idx, kv_idx, args):
+            return F(1)
+        return jit_for(target)(unit)
+
+    return memo(("no_score_grad", target, np.dtype(dtype).name), build)
+
+
+def probe_types(arrays: tuple) -> tuple:
+    """Numba types of bound arrays (what the kernels will see)."""
+    return tuple(numba.typeof(a) for a in arrays)
+
+
+INDEX_TYPES = (types.int64,) * 4
+
+
+def mod_arguments(problem, target: str = "cpu"):
+    """``(mask_fn, tile_fn, mask_args, score_fn, score_args)`` of a problem for ``target``
+    ("cpu" or "cuda"): the compiled forms and the flat tuples of bound data; identities
+    where the call has no mask or score function."""
+    dtype = problem.dtype
+    if problem.mask_mod is None:
+        mask_fn, tile_fn = identity_mask(target)
+        mask_args = ()
+    else:
+        mask_fn = problem.mask_mod.element(target)
+        tile_fn = problem.mask_mod.tile(target)
+        mask_args = problem.mask_mod.args(dtype)
+    if problem.score_mod is None:
+        score_fn, score_args = identity_score(target), ()
+    else:
+        score_fn = problem.score_mod.element(target, dtype)
+        score_args = problem.score_mod.args(dtype)
+    return mask_fn, tile_fn, mask_args, score_fn, score_args

@@ -1,0 +1,66 @@
+"""The ``numba`` backend's forward entry: which path a call takes.
+
+- without a mask, dropout or weights, a parallel call takes the register-blocked
+  micro-kernel path (:mod:`kernels.numba_cpu.micro`) where the planner
+  (:mod:`kernels.numba_cpu.planner`) chose it for the machine and dtype;
+- else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`; a ``score_mod`` or
+  ``mask_mod`` compiled in), serial for small problems
+  (:func:`kernels.numba_cpu.forward.is_small`), parallel otherwise.
+"""
+
+from __future__ import annotations
+
+from .._problem import AttentionProblem
+from . import forward, planner
+from . import micro as micro_kernel
+
+
+def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
+    """The register block of the micro-kernel path for this call, or None for the tiles.
+
+    The path computes no mask, dropout or weights and runs parallel; it is taken where
+    ``micro`` is True (the planned block, else the dtype's default), or where
+    ``micro`` and ``use_blas`` are None, the problem is not small and the planner
+    chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).
+    """
+    if (micro is False or problem.mask is not None or problem.dropout_p
+            or problem.return_weights or parallel is False
+            or problem.mask_mod is not None or problem.score_mod is not None):
+        return None
+    if micro:
+        stored = planner.stored_choice(problem.dtype)
+        return stored if isinstance(stored, tuple) else micro_kernel.CONFIGS[problem.dtype][0]
+    if use_blas is not None or (parallel is None and forward.is_small(problem)):
+        return None
+    return planner.block_for(problem)
+
+
+def run(problem: AttentionProblem, *, parallel: bool | None = None,
+        use_blas: bool | None = None, return_lse: bool = False, micro: bool | None = None):
+    """Fused attention for a validated problem; returns ``(out, weights or None)``.
+
+    With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq), the log-sum-exp of
+    each row's visible scores (``-inf`` for a row that sees no key).
+
+    Parameters
+    ----------
+    problem : AttentionProblem
+    parallel : bool, optional
+        Force the parallel (True) or serial (False) kernel; default: serial for small
+        problems (see ``config.SERIAL_WORK_LIMIT``), parallel otherwise.
+    use_blas : bool, optional
+        Compute the tile products with the BLAS (True) or with Numba loops (False);
+        default: the BLAS where SciPy is installed (``config.HAVE_BLAS``), unless the
+        micro-kernel path is taken.
+    micro : bool, optional
+        Take the register-blocked micro-kernel path (no mask, dropout or weights;
+        parallel) if True, never if False; default: where the planner chose it for this
+        machine and dtype (see :func:`micro_block`).
+    """
+    block = micro_block(problem, parallel, use_blas, micro)
+    if block is not None:
+        out, lse = micro_kernel.run(problem, block)
+        return (out, None, lse) if return_lse else (out, None)
+    return forward.run_tiles(problem, parallel=parallel, use_blas=use_blas,
+                             return_lse=return_lse)
+

@@ -1,0 +1,351 @@
+"""The numba backend's forward path without BLAS: register-blocked Numba micro-kernels.
+
+The question it answers ("the GEMM floor"): can the fused kernel beat its own
+BLAS floor by replacing OpenBLAS's tile GEMMs (repacked on every call) with products on
+panels packed once per (batch, head)?  This module is the alternative, measured by
+``scripts/bench_gemm_floor.py``.  The numba backend (:func:`kernels.numba_cpu.choose.run`) takes
+this path where :mod:`kernels.numba_cpu.planner` found it faster on the machine.
+
+Layout.  For each (batch, key/value head) the keys are packed once into panels of ``nr``
+keys, ``kp[panel, d, j] = K[panel · nr + j, d]`` (zero past the last key or past
+``key_lengths[b]``), and the values into rows padded to a multiple of ``nr``:
+``vp[j, :Dv] = V[j]``: either all heads in one parallel launch before the query blocks,
+or (``fuse``, where there are heads enough per thread) by the task that then runs every
+query block of that key head.  A query block is ``block_q`` rows of one (batch, head);
+it is copied into a zero-padded block and walks the keys in tiles of ``block_k``:
+
+    S = Q_blk · K_tileᵀ      by ``mr`` x ``nr`` register blocks (one panel per block column)
+    online softmax on S      (as kernels.numba_cpu: integer-key row max, polynomial exp,
+                              no fastmath on the -inf paths)
+    acc = acc · c + P · V    by ``mr`` x ``nr`` register blocks, accumulating into acc
+
+Both products are one micro-kernel (:func:`tile_product`): ``mr`` accumulators of ``nr``
+lanes held in vector registers across the whole depth, one vector load of the packed
+operand and ``mr`` broadcasts per step, one fused multiply-add per accumulator.  It is
+written in LLVM IR (``<nr x float>`` vectors) because LLVM does not keep loop-carried
+array accumulators in registers when Numba's loops are vectorised; LLVM splits the
+vectors into the machine's registers (``nr = 32`` float32 is two zmm or four ymm).
+
+The register block is a compile-time constant (a Numba literal), so every kernel is an
+ordinary module-level function cached on disk (``cache=True``): one specialisation per
+block and dtype, compiled once per machine.  :mod:`kernels.numba_cpu.planner` chooses the block.
+
+Supported: float32 and float64, GQA, ``causal`` (both alignments, as ``causal_offset``),
+``key_lengths`` and ``scale``; no ``mask``, dropout, weights or mods (the benchmark's
+cases).  Semantics as the numba backend: a row that sees no key gives 0, a visible NaN
+score gives a NaN row, keys past ``key_lengths`` are never read, and a hidden non-finite
+value never reaches an output.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import literally, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._jit.launch import launch_guard
+from .._jit.math import FASTMATH, fast_exp, from_max_key, max_key
+from .._validate import check_attention_args
+
+__all__ = ["CONFIGS", "attention", "run", "tile_product"]
+
+#: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators); the
+#: first is the default.  Two per dtype: the four measured in docs/gemm-floor.md were within
+#: 8% of each other, and each candidate costs the planner a compilation (~8 s).
+CONFIGS = {
+    np.dtype(np.float32): ((8, 16), (4, 32)),
+    np.dtype(np.float64): ((4, 16), (8, 8)),
+}
+#: Query rows per task and keys per tile (a multiple of every ``nr`` above).
+BLOCK_Q = 64
+BLOCK_K = 256
+#: Key heads per Numba thread from which :func:`run` fuses packing into the task loop.
+FUSE_TASKS_PER_THREAD = 4
+
+
+def _literal(ty, kind):
+    return ty.literal_value if isinstance(ty, kind) else None
+
+
+@intrinsic
+def tile_product(typingctx, a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate):
+    """``tile_product(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)``.
+
+    For 1-D arrays ``a``, ``b``, ``c`` of one float dtype, it sets (``accumulate``: adds
+    to) ``c[c0 + r·ldc + j]`` the sum over ``t < depth`` of ``a[a0 + r·lda + t] · b[b0 +
+    t·ldb + j]`` for ``r < mr``, ``j < nr``, summing in order of ``t`` with one fused
+    multiply-add per term (``llvm.fmuladd``).  ``mr``, ``nr`` and ``accumulate`` must be
+    compile-time constants (Numba literals: constants in the calling code, or arguments
+    made literal by ``numba.literally``): they shape the generated code, so the callers
+    are ordinary module-level functions that Numba caches on disk.  No bounds checks: the
+    caller guarantees that every index is inside its array.
+    """
+    arrays, ints = (a, b, c), (a0, lda, b0, ldb, c0, ldc, depth)
+    blocks = (_literal(mr, types.IntegerLiteral), _literal(nr, types.IntegerLiteral),
+              _literal(accumulate, types.BooleanLiteral))
+    if not all(isinstance(x, types.Array) and x.dtype == a.dtype for x in arrays):
+        return None
+    if a.dtype not in (types.float32, types.float64) or None in blocks:
+        return None
+    if not all(isinstance(n, types.Integer) for n in ints):
+        return None
+    sig = types.void(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)
+    return sig, functools.partial(_product_codegen, *blocks)
+
+
+def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
+    """LLVM IR of :func:`tile_product` for one register block."""
+    ty = signature.args
+    i64 = ir.IntType(64)
+    n = [context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 5, 7, 8, 9)]
+    a_off, lda_, b_off, ldb_, c_off, ldc_, depth_ = n
+    elem = context.get_value_type(ty[0].dtype)
+    vec = ir.VectorType(elem, nr)
+    align = context.get_abi_sizeof(elem)
+    pa, pb, pc = (builder.gep(context.make_array(ty[k])(context, builder, args[k]).data,
+                              [off]) for k, off in ((0, a_off), (3, b_off), (6, c_off)))
+    fmuladd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{nr}f{8 * align}")
+    rows_c = [builder.bitcast(builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]),
+                              vec.as_pointer()) for r in range(mr)]
+    accs = []
+    for r in range(mr):  # entry-block allocas: promoted to registers by mem2reg
+        slot = cgutils.alloca_once(builder, vec)
+        init = builder.load(rows_c[r], align=align) if accumulate else ir.Constant(vec, None)
+        builder.store(init, slot)
+        accs.append(slot)
+    rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), nr), [0] * nr)
+    undef = ir.Constant(vec, ir.Undefined)
+    with cgutils.for_range(builder, depth_) as loop:
+        t = loop.index
+        bv = builder.load(builder.bitcast(builder.gep(pb, [builder.mul(t, ldb_)]),
+                                          vec.as_pointer()), align=align)
+        for r in range(mr):
+            x = builder.load(builder.gep(rows_a[r], [t]))
+            xs = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+            xs = builder.shuffle_vector(xs, undef, lanes)
+            builder.store(builder.call(fmuladd, [xs, bv, builder.load(accs[r])]), accs[r])
+    for r in range(mr):
+        builder.store(builder.load(accs[r]), rows_c[r], align=align)
+    return context.get_dummy_value()
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
+    """kp_bh = keys of (b, hk) in panels of nr (zero past key_end), vp_bh = padded values."""
+    D, Dv, nr = k.shape[3], v.shape[3], kp_bh.shape[2]
+    kp_bh[:] = 0
+    vp_bh[:] = 0
+    for p in range(kp_bh.shape[0]):
+        for j in range(min(nr, key_end - p * nr)):
+            for d in range(D):
+                kp_bh[p, d, j] = k[b, hk, p * nr + j, d]
+    for j in range(key_end):
+        for d in range(Dv):
+            vp_bh[j, d] = v[b, hk, j, d]
+
+
+@njit(parallel=True, cache=True)
+def _pack(k, v, key_lengths, kp, vp):
+    """Every (batch, key head) packed by :func:`_pack_head`, in parallel."""
+    Hkv = k.shape[1]
+    for bh in prange(k.shape[0] * Hkv):
+        b, hk = bh // Hkv, bh % Hkv
+        _pack_head(k, v, key_lengths[b], b, hk, kp[b, hk], vp[b, hk])
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
+            block_k, mr, nr):
+    """Rows [i0, i1) of (b, h) against its packed keys ``kp`` and values ``vp``."""
+    D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[1]
+    n = i1 - i0
+    n_pad = -(-n // mr) * mr
+    qb = np.zeros(n_pad * D, dtype=q.dtype)
+    for r in range(n):
+        for d in range(D):
+            qb[r * D + d] = q[b, h, i0 + r, d]
+    kp_f, vp_f = kp.reshape(-1), vp.reshape(-1)
+    s = np.empty(n_pad * block_k, dtype=q.dtype)  # scores, then P, rows of block_k
+    s_rows = s.reshape((n_pad, block_k))
+    acc = np.zeros(n_pad * Dv_pad, dtype=q.dtype)
+    # 0, 1 and -inf in q's dtype (a literal is float64 or int64, and float32 op float64
+    # is float64 in Numba: the softmax would then run in float64)
+    one = np.ones(1, dtype=q.dtype)[0]
+    zero = one - one
+    neg_inf = -one / zero
+    row_max = np.full(n, neg_inf, dtype=q.dtype)
+    row_sum = np.zeros(n, dtype=q.dtype)
+    row_nan = np.zeros(n, dtype=np.bool_)
+    key_end = key_lengths[b]
+    if causal:  # the block's last row sees keys < i1 + causal_offset
+        key_end = min(key_end, max(i1 + causal_offset, 0))
+    for j0 in range(0, key_end, block_k):
+        j1 = min(j0 + block_k, key_end)
+        nk = j1 - j0
+        r_lo = max(j0 - causal_offset - i0, 0) if causal else 0  # first row seeing j0
+        r_al = r_lo - r_lo % mr
+        for p in range(-(-nk // nr)):
+            panel = (j0 // nr + p) * D * nr
+            for r in range(r_al, n_pad, mr):
+                tile_product(qb, r * D, D, kp_f, panel, nr, s, r * block_k + p * nr, block_k, D,
+                             mr, nr, False)
+        partial = causal and j1 - 1 > i0 + r_al + causal_offset
+        for r in range(r_al, n_pad):
+            row = s_rows[r]  # a whole row: a C-contiguous view, whose loops vectorise
+            hi = 0  # keys [j0, j0 + hi) are visible to this row
+            if r >= r_lo and r < n:
+                hi = nk
+                if causal:
+                    hi = max(min(nk, i0 + r + causal_offset + 1 - j0), 0)
+            key_max = max_key(neg_inf)
+            for c in range(hi):
+                x = row[c] * scale
+                row[c] = x
+                key_max = max(key_max, max_key(x))
+            if hi == 0:
+                row[:nk] = zero
+                continue
+            tile_max = from_max_key(key_max)
+            m_new = max(row_max[r], tile_max)
+            correction = fast_exp(row_max[r] - m_new) if m_new > row_max[r] else one
+            row_max[r] = m_new
+            total = zero
+            for c in range(hi):
+                x = fast_exp(row[c] - m_new)
+                row[c] = x
+                total += x
+            row[hi:nk] = zero
+            if total != total or tile_max == -neg_inf:
+                row_nan[r] = True
+            row_sum[r] = row_sum[r] * correction + total
+            if correction != one:
+                acc_row = acc[r * Dv_pad:(r + 1) * Dv_pad]
+                for d in range(Dv_pad):
+                    acc_row[d] *= correction
+        if partial and not np.all(np.isfinite(vp[j0:j1])):
+            for r in range(r_lo, n):  # a hidden non-finite value: visible keys only
+                hi = max(min(nk, i0 + r + causal_offset + 1 - j0), 0)
+                for c in range(hi):
+                    for d in range(Dv):
+                        acc[r * Dv_pad + d] += s[r * block_k + c] * vp_f[(j0 + c) * Dv_pad + d]
+        else:
+            for c0 in range(0, Dv_pad, nr):
+                for r in range(r_al, n_pad, mr):
+                    tile_product(s, r * block_k, block_k, vp_f, j0 * Dv_pad + c0, Dv_pad,
+                             acc, r * Dv_pad + c0, Dv_pad, nk, mr, nr, True)
+    for r in range(n):
+        inv = one / row_sum[r] if row_sum[r] > zero else zero
+        for d in range(Dv):
+            out[b, h, i0 + r, d] = zero / zero if row_nan[r] else acc[r * Dv_pad + d] * inv
+        lse[b, h, i0 + r] = (zero / zero if row_nan[r] else
+                             row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf)
+
+@njit(parallel=True, cache=True)
+def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_q, block_k,
+            fuse, mr, nr):
+    """The forward pass by ``mr`` x ``nr`` register blocks (see :func:`run`)."""
+    literally(mr)  # compile-time constants: one cached specialisation per block
+    literally(nr)
+    B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
+    Hkv, Lk, D, Dv = k.shape[1], k.shape[2], k.shape[3], v.shape[3]
+    n_panels, Dv_pad = -(-Lk // nr), -(-Dv // nr) * nr
+    n_blocks, group = -(-Lq // block_q), H // Hkv
+    if fuse:  # one launch: a task packs one key head, then runs all its query blocks
+        for bh in prange(B * Hkv):
+            b, hk = bh // Hkv, bh % Hkv
+            kp = np.empty((n_panels, D, nr), dtype=q.dtype)
+            vp = np.empty((Lk, Dv_pad), dtype=q.dtype)
+            _pack_head(k, v, key_lengths[b], b, hk, kp, vp)
+            for task in range(group * n_blocks):
+                h, i0 = hk * group + task // n_blocks, (task % n_blocks) * block_q
+                _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
+                        i0, min(i0 + block_q, Lq), block_k, mr, nr)
+        return
+    kps = np.empty((B, Hkv, n_panels, D, nr), dtype=q.dtype)
+    vps = np.empty((B, Hkv, Lk, Dv_pad), dtype=q.dtype)
+    _pack(k, v, key_lengths, kps, vps)
+    for task in prange(B * H * n_blocks):
+        bh, block = task // n_blocks, task % n_blocks
+        b, h = bh // H, bh % H
+        i0 = block * block_q
+        _attend(q, kps[b, h // group], vps[b, h // group], key_lengths, causal, causal_offset,
+                scale, out, lse, b, h, i0, min(i0 + block_q, Lq), block_k, mr, nr)
+
+
+def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None):
+    """``(out, lse)`` of a validated problem (no mask, dropout, weights or mods).
+
+    The numba backend's entry point here (from :func:`kernels.numba_cpu.choose.run`), returning
+    what ``kernels.numba_cpu.choose.run(problem, return_lse=True)`` returns as ``out`` and
+    ``lse``: out (B, H, Lq, Dv), lse (B, H, Lq).
+    ``fuse``: one parallel launch whose tasks each pack one (batch, key head) and run all
+    its query blocks (no second launch, no packed copy of the whole K and V), rather than
+    a packing launch and then one task per query block; default: fused where there are at
+    least :data:`FUSE_TASKS_PER_THREAD` key heads per Numba thread (enough to balance).
+    """
+    if (problem.mask is not None or problem.dropout_p or problem.return_weights
+            or problem.score_mod is not None or problem.mask_mod is not None):
+        raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
+    mr, nr = config
+    B, H, Hkv, Lq, _, _, Dv = problem.shape
+    if fuse is None:
+        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    dtype = problem.dtype.type
+    out = np.empty((B, H, Lq, Dv), dtype=dtype)
+    lse = np.empty((B, H, Lq), dtype=dtype)
+    if out.size:
+        with launch_guard():
+            _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
+                     problem.causal_offset is not None, problem.causal_offset or 0,
+                     dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
+                     bool(fuse)), mr, nr)
+    return out, lse
+
+
+def _launch(args: tuple, mr: int, nr: int) -> None:
+    """``_kernel(*args, mr, nr)``, calling its compiled specialisation directly once it exists.
+
+    A call through the dispatcher with plain ints for ``mr`` and ``nr`` types the kernel
+    again on every call until ``literally`` asks for literals (about 15 ms here); the
+    specialisation for literal ``mr`` and ``nr`` is looked up by the argument types instead.
+    """
+    sig = tuple(numba.typeof(a) for a in args) + (types.literal(mr), types.literal(nr))
+    compiled = _kernel.overloads.get(sig)
+    if compiled is None:
+        _kernel(*args, mr, nr)  # compiles, or loads from the disk cache
+    else:
+        compiled.entry_point(*args, mr, nr)
+
+
+def attention(q, k, v, *, causal=False, key_lengths=None, scale=None, config=None,
+              block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None) -> np.ndarray:
+    """Masked attention by the micro-kernel path, as ``kernels.attention`` computes it.
+
+    Parameters
+    ----------
+    q, k, v, causal, key_lengths, scale
+        As :func:`kernels.attention` (validated by :func:`kernels.prepare`); no other mask.
+    config : (int, int), optional
+        The register block ``(mr, nr)``; default: the first of :data:`CONFIGS` for the dtype.
+    block_q, block_k : int
+        Query rows per task and keys per tile (``block_k`` is rounded up to a multiple of
+        ``nr``).
+    fuse : bool, optional
+        As :func:`run`.
+
+    Returns
+    -------
+    ndarray, shape (B, H, Lq, Dv)
+    """
+    problem = check_attention_args(q, k, v, causal=causal, key_lengths=key_lengths,
+                                   scale=scale)
+    config = config or CONFIGS[problem.dtype][0]
+    return problem.restore(run(problem, config, block_q=block_q, block_k=block_k,
+                               fuse=fuse)[0])

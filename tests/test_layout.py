@@ -1,0 +1,252 @@
+"""The layout of ``kernels/`` (design.md, "Layout"): imports run one way, small modules,
+no private wiring, a face of imports only, and the public names unchanged.
+
+The import graph is read from every module's ``import`` statements (those inside functions
+included) with :mod:`ast`; nothing is imported to read it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import kernels
+from kernels import mods
+
+PACKAGE = Path(kernels.__file__).resolve().parent
+#: The backends: one subpackage each; none imports another.
+BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
+#: Layers from the bottom up: a module imports only from its own layer (its own subpackage
+#: for a backend) or a lower one.  Modules not named sit where their prefix does.
+LAYERS = {
+    "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
+    "kernels._jit": 0,
+    "kernels.mods": 1,
+    "kernels._validate": 2,
+    "kernels.reference": 3, "kernels.numba_cpu": 3, "kernels.cuda": 3,
+    "kernels._dispatch": 4,
+    "kernels._api": 5,
+    "kernels.multihead": 6, "kernels.mha": 7, "kernels.cuda_backend": 7,
+    "kernels": 8,
+}
+MAX_LINES = 400
+
+# kernels.__all__ and kernels.mods.__all__ as on main at e8957ce (issue 21): public names stay.
+KERNELS_ALL = [
+    "attention", "attention_backward", "attention_plan", "plan", "plan_needed", "prepare",
+    "mods", "softmax", "MultiHeadAttention", "AttentionProblem", "available_backends",
+    "cuda_status", "has_real_gpu", "cuda_simulator_enabled", "causal_offset",
+    "BackendUnavailableError",
+]
+MODS_ALL = [
+    "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias",
+    "and_masks", "or_masks", "chain", "mask_mod", "score_mod", "block_mask",
+    "MaskMod", "ScoreMod", "BlockMask",
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = ("kernels",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its ``__init__``)."""
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _package_of(name: str) -> str:
+    """The package a module belongs to (a package's own ``__init__`` belongs to itself)."""
+    return name if _modules()[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(name: str):
+    """``(target module, imported name or None, line)`` for each import of module ``name``,
+    at any depth (function-level imports included); only targets inside the package."""
+    tree = ast.parse(_modules()[name].read_bytes())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "kernels" and alias.name in _modules():
+                    yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package_of(name).split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "kernels":
+                continue
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                if sub in _modules():
+                    yield sub, None, node.lineno  # a module: ``from . import tiles``
+                else:
+                    yield source, alias.name, node.lineno
+
+
+def _layer(name: str) -> tuple[int, str]:
+    """(layer, group): the longest prefix of ``name`` in :data:`LAYERS`."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in LAYERS:
+            return LAYERS[prefix], prefix
+    raise AssertionError(f"{name} is in no layer of test_layout.LAYERS: add it")
+
+
+def _backend(name: str) -> str | None:
+    return next((b for b in BACKENDS if name == b or name.startswith(b + ".")), None)
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {target for target, _, _ in _imports(name) if target != name}
+            for name in _modules()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_is_read():
+    names = set(_modules())
+    assert {"kernels", "kernels._api", "kernels._dispatch", "kernels.numba_cpu.forward",
+            "kernels.mods.lowering", "kernels.cuda.launch", "kernels.reference.forward"} <= names
+    imports = {(t, n) for t, n, _ in _imports("kernels.numba_cpu.forward")}
+    assert ("kernels.numba_cpu.config", None) in imports  # from . import config
+    assert ("kernels._jit.math", "FASTMATH") in imports  # from .._jit.math import FASTMATH
+
+
+def test_no_import_circle():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_run_one_way():
+    """``_jit`` ← ``mods`` ← backends ← ``_dispatch`` ← ``_api`` ← the face; no backend
+    imports another backend, ``_api`` or ``kernels``."""
+    wrong = []
+    for name in _modules():
+        layer, group = _layer(name)
+        for target, _, line in _imports(name):
+            target_layer, target_group = _layer(target)
+            backend, target_backend = _backend(name), _backend(target)
+            if backend and target_backend and backend != target_backend:
+                wrong.append(f"{name}:{line} imports another backend, {target}")
+            elif backend and target in ("kernels", "kernels._api", "kernels._dispatch"):
+                wrong.append(f"{name}:{line} (a backend) imports {target}")
+            elif target_layer > layer or (target_layer == layer and target_group != group):
+                wrong.append(f"{name}:{line} imports {target}, above it")
+    assert wrong == []
+
+
+def test_no_private_name_crosses_a_subpackage():
+    wrong = [f"{name}:{line} imports {imported} from {target}"
+             for name in _modules() for target, imported, line in _imports(name)
+             if imported and imported.startswith("_")
+             and _package_of(target) != _package_of(name)]
+    assert wrong == []
+
+
+def _defined(name: str) -> set[str]:
+    """Names a module defines itself (def, class, assignment at module level)."""
+    found = set()
+    for node in ast.parse(_modules()[name].read_bytes()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        found.add(sub.id)
+    return found
+
+
+def test_no_module_re_exports_names_for_its_siblings():
+    """A name is imported from the module that defines it (package faces aside: they are
+    for the package's users, not for its modules)."""
+    wrong = [f"{name}:{line} imports {imported} from {target}, which does not define it"
+             for name in _modules() for target, imported, line in _imports(name)
+             if imported and _modules()[target].name != "__init__.py"
+             and imported not in _defined(target)]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_modules_are_small(name):
+    lines = len(_modules()[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES})"
+
+
+@pytest.mark.parametrize("name", [n for n, p in sorted(_modules().items())
+                                  if p.name == "__init__.py"])
+def test_package_faces_define_nothing(name):
+    tree = ast.parse(_modules()[name].read_bytes())
+    defined = [f"{node.name} (line {node.lineno})" for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    assert defined == []
+
+
+def test_import_kernels_imports_neither_numba_nor_llvmlite():
+    code = ("import sys, kernels, kernels.mods\n"
+            "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_public_names_stay():
+    assert kernels.__all__ == KERNELS_ALL
+    assert mods.__all__ == MODS_ALL
+    for name in KERNELS_ALL:
+        assert hasattr(kernels, name)
+    for name in MODS_ALL:
+        assert hasattr(mods, name)
+
+
+def test_the_cuda_backend_alias_keeps_attention_device():
+    """``kernels.cuda_backend.attention_device`` (the import path of earlier releases),
+    checked without importing numba.cuda: the alias names it from the cuda backend."""
+    tree = ast.parse(_modules()["kernels.cuda_backend"].read_bytes())
+    names = {(node.module, alias.name) for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert ("cuda.launch", "attention_device") in names
+    assert "attention_device" in _defined("kernels.cuda.launch")
