@@ -129,6 +129,19 @@ def compare_folders(before: Path, after: Path, *, threshold: float = THRESHOLD,
                     quantity: str = "time", out: Path | None = None) -> tuple[pd.DataFrame, str]:
     """Load two result folders, compare them, write ``compare.csv`` and ``compare.png``.
 
+    Parameters
+    ----------
+    before, after : Path
+        Result folders of ``attnbench sweep`` or ``attnbench run`` (A and B).
+    threshold : float, default THRESHOLD
+        As :func:`compare_tables`: a regression when the whole 95% interval of a ratio
+        lies above ``1 + threshold``, an improvement when wholly below
+        ``1 / (1 + threshold)``.
+    quantity : {"time", "cpu"}
+        Wall-clock or CPU time.
+    out : Path, optional
+        Where ``compare.csv`` and ``compare.png`` go (nothing is written without it).
+
     Returns
     -------
     (table, note) : the comparison and a line on the machines (empty if they match).

@@ -116,8 +116,14 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     """Validate the arguments of :func:`attention` and normalise them, without running it.
 
     For callers that need the problem a call describes (its shape, its visible pairs, its
-    FLOPs) or want to validate once and time a backend many times.  Takes the keywords of
-    :func:`attention` except ``backend``.
+    FLOPs) or want to validate once and time a backend many times.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        As :func:`attention`.
+    causal, mask, key_lengths, scale, dropout_p, seed, return_weights, score_mod, mask_mod
+        As :func:`attention` (every keyword of it except ``backend`` and ``return_lse``).
 
     Returns
     -------
@@ -186,6 +192,10 @@ def plan_needed(shape, dtype) -> bool:
     shape : tuple of int
         ``(B, H, Lq, Lk, D, Dv)``.
     dtype : dtype-like
+
+    Returns
+    -------
+    bool
     """
     from .numba_cpu import planner  # imports Numba: only when asked
 

@@ -31,13 +31,25 @@ class BackendUnavailableError(ValueError, RuntimeError):
 
 
 def cuda_simulator_enabled() -> bool:
-    """True if Numba's CUDA simulator is switched on (``NUMBA_ENABLE_CUDASIM=1``)."""
+    """True if Numba's CUDA simulator is switched on (``NUMBA_ENABLE_CUDASIM=1``).
+
+    Returns
+    -------
+    bool
+    """
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
 @functools.cache
 def cuda_status() -> tuple[bool, str]:
-    """``(usable, why)`` for the cuda backend: a GPU, or the simulator; never raises."""
+    """Whether the cuda backend can run here: on a GPU, or in the simulator; never raises.
+
+    Returns
+    -------
+    usable : bool
+    why : str
+        The GPU's name, the simulator, or what is missing.
+    """
     try:
         from numba import cuda
     except Exception as exc:  # numba-cuda missing or broken
@@ -56,12 +68,24 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def has_real_gpu() -> bool:
-    """True if the cuda backend runs on a real GPU (not the simulator)."""
+    """True if the cuda backend runs on a real GPU (not the simulator).
+
+    Returns
+    -------
+    bool
+    """
     return cuda_status()[0] and not cuda_simulator_enabled()
 
 
 def available_backends() -> list[str]:
-    """Names of the backends that can run here, e.g. ``["reference", "numba", "cuda"]``."""
+    """Names of the backends that can run here.
+
+    Returns
+    -------
+    list of str
+        E.g. ``["reference", "numba", "cuda"]`` (``"cuda"`` where :func:`cuda_status`
+        says it can run).
+    """
     names = ["reference", "numba"]
     if cuda_status()[0]:
         names.append("cuda")

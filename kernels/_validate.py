@@ -181,6 +181,11 @@ def causal_offset(causal, Lq: int, Lk: int) -> int | None:
         ``is_causal``).  ``"bottom-right"``: ``Lk - Lq`` (FlashAttention's alignment).
     Lq, Lk : int
         Number of queries and keys.
+
+    Returns
+    -------
+    int or None
+        The offset, or None when not causal.
     """
     if isinstance(causal, np.bool_):
         causal = bool(causal)

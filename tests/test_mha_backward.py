@@ -1,4 +1,4 @@
-"""``MultiHeadAttention.backward`` and the README's training example."""
+"""``MultiHeadAttention.backward`` and the backward guide's training example."""
 
 import re
 from pathlib import Path
@@ -65,13 +65,13 @@ def test_bad_dy_is_rejected():
         layer.backward(x, dy.astype(np.float32))
 
 
-def test_readme_training_example_runs_and_the_loss_falls(capsys):
-    """The README's training example, run as written: its loss must fall."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    match = re.search(r"<!-- training example -->\s*```python\n(.*?)```", readme, re.S)
-    assert match, "README.md has no training example"
+def test_training_example_runs_and_the_loss_falls(capsys):
+    """docs/guide/backward.md's training example, run as written: its loss must fall."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "backward.md").read_text()
+    match = re.search(r"<!-- training example -->\s*```python\n(.*?)```", guide, re.S)
+    assert match, "docs/guide/backward.md has no training example"
     namespace = {}
-    exec(compile(match.group(1), "README.md", "exec"), namespace)
+    exec(compile(match.group(1), "backward.md", "exec"), namespace)
     losses = namespace["losses"]
     assert len(losses) >= 10 and losses[-1] < 0.5 * losses[0]
     assert "loss" in capsys.readouterr().out

@@ -31,7 +31,8 @@ def test_every_source_has_a_title_in_the_code_and_in_docs():
 
 
 def test_links_in_the_readme_and_docs_resolve_inside_the_repository():
-    for document in (REPO / "README.md", REPO / "docs" / "claims.md", REPO / "docs" / "design.md"):
+    for document in (REPO / "README.md", REPO / "CONTRIBUTING.md",
+                     *sorted((REPO / "docs").rglob("*.md"))):
         text = document.read_text(encoding="utf-8")
         assert "shared/" not in text and "../shared" not in text, document
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):

@@ -94,6 +94,11 @@ def resolve(spec: str, convention: str | None = None, backward: str | None = Non
     backward : str, optional
         ``module:function`` of the backward (``kernels`` convention:
         :func:`kernels.attention_backward`'s signature).
+
+    Returns
+    -------
+    Implementation
+        The function, its convention, its backward (or None), its name and ``spec``.
     """
     if convention is not None and convention not in CONVENTIONS:
         raise ValueError(f"convention {convention!r} is unknown; expected one of {CONVENTIONS}")

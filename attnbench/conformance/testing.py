@@ -102,7 +102,20 @@ def pytest_cases(implementation, *, convention: str | None = None, backward=None
 
 
 def check(case: ConformanceCase) -> None:
-    """Run one case: return if it passes, skip if unsupported, else fail with the reason."""
+    """Run one case: return if it passes, skip if unsupported, else fail with the reason.
+
+    Parameters
+    ----------
+    case : ConformanceCase
+        One of :func:`pytest_cases`'s parameters.
+
+    Returns
+    -------
+    None
+        Returns normally when the case passes; ``pytest.skip`` when it needs a feature the
+        implementation refuses; ``pytest.fail`` naming the case, the error and the
+        tolerance otherwise.
+    """
     import pytest
 
     outcome = run_check(case.check, case.subject())

@@ -120,8 +120,18 @@ def _baseline_error(exact: np.ndarray, plain: np.ndarray) -> float:
 def max_abs_error(result: np.ndarray, exact: np.ndarray) -> float:
     """Max ``|result - exact|`` over the entries where ``exact`` is finite.
 
-    Returns ``inf`` if the NaN or inf entries of ``result`` differ from those of
-    ``exact`` (a NaN where the oracle has a number is an error, not a small one).
+    Parameters
+    ----------
+    result : ndarray
+        What an implementation computed.
+    exact : ndarray, same shape
+        The oracle (see :func:`oracle`).
+
+    Returns
+    -------
+    float
+        ``inf`` if the NaN or inf entries of ``result`` differ from those of ``exact`` (a
+        NaN where the oracle has a number is an error, not a small one).
     """
     if result.shape != exact.shape:
         raise ValueError(f"result has shape {result.shape}, the oracle {exact.shape}")

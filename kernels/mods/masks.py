@@ -67,6 +67,11 @@ def sliding_window(left: int, right: int = 0) -> MaskMod:
     ----------
     left, right : int >= 0
         Keys seen before and after the query's own position.
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     left, right = _int("left", left), _int("right", right)
     return _BuiltinMask(f"sliding_window(left={left}, right={right})", _window_element,
@@ -110,6 +115,11 @@ def prefix_lm(prefix_lengths) -> MaskMod:
     ----------
     prefix_lengths : int or array_like of int, shape (B,)
         The bidirectional prefix of each batch entry (a scalar: the same for all).
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     lengths = _batch_vector("prefix_lengths", prefix_lengths, "int").astype(np.int64)
     if lengths.size == 0:
@@ -163,6 +173,11 @@ def document(doc_ids) -> MaskMod:
     doc_ids : array_like of int, shape (B, L) or (L,)
         The document of each position; the call must have Lq = Lk = L (a 1-D ``doc_ids``
         serves every batch entry).
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     ids = np.asarray(doc_ids)
     if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
@@ -235,10 +250,32 @@ def _masks(op: str, mods) -> MaskMod:
 
 
 def and_masks(*masks) -> MaskMod:
-    """A key is visible when every mask shows it (built-ins and plain functions alike)."""
+    """A key is visible when every mask shows it (built-ins and plain functions alike).
+
+    Parameters
+    ----------
+    *masks : MaskMod or callable
+        At least one; plain functions are wrapped by :func:`mask_mod`.
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
+    """
     return _masks("and", masks)
 
 
 def or_masks(*masks) -> MaskMod:
-    """A key is visible when some mask shows it (built-ins and plain functions alike)."""
+    """A key is visible when some mask shows it (built-ins and plain functions alike).
+
+    Parameters
+    ----------
+    *masks : MaskMod or callable
+        At least one; plain functions are wrapped by :func:`mask_mod`.
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
+    """
     return _masks("or", masks)

@@ -103,6 +103,11 @@ def alibi(slopes) -> ScoreMod:
     ----------
     slopes : array_like of float, shape (H,)
         E.g. ``2 ** (-8 * (h + 1) / H)`` for the usual geometric slopes.
+
+    Returns
+    -------
+    ScoreMod
+        For ``score_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     arr = np.asarray(slopes, dtype=np.float64)
     if arr.ndim != 1:
@@ -120,6 +125,11 @@ def softcap(cap: float) -> ScoreMod:
     Parameters
     ----------
     cap : float > 0
+
+    Returns
+    -------
+    ScoreMod
+        For ``score_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real):
         raise TypeError(f"cap must be a real number; got {type(cap).__name__}")
@@ -136,6 +146,11 @@ def relative_bias(table) -> ScoreMod:
     ----------
     table : array_like of float, shape (H, 2·R + 1)
         One row per query head; distances beyond ±R share the end entries.
+
+    Returns
+    -------
+    ScoreMod
+        For ``score_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     arr = np.asarray(table, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[1] % 2 != 1:
@@ -185,7 +200,18 @@ class _ChainedScore(ScoreMod):
 
 
 def chain(*score_mods) -> ScoreMod:
-    """Score functions applied left to right: ``chain(f, g)(s) = g(f(s))``."""
+    """Score functions applied left to right: ``chain(f, g)(s) = g(f(s))``.
+
+    Parameters
+    ----------
+    *score_mods : ScoreMod or callable
+        At least one; plain functions are wrapped by :func:`score_mod`.
+
+    Returns
+    -------
+    ScoreMod
+        For ``score_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
+    """
     if not score_mods:
         raise TypeError("chain needs at least one score function")
     mods = [as_score_mod(s) for s in score_mods]

@@ -98,6 +98,11 @@ def mask_mod(fn, *arrays) -> MaskMod:
     fn : callable
     *arrays : array_like
         Received by ``fn`` after its indices (C-contiguous copies where needed).
+
+    Returns
+    -------
+    MaskMod
+        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     if isinstance(fn, MaskMod):
         if arrays:
@@ -122,6 +127,11 @@ def score_mod(fn, *arrays, grad=None) -> ScoreMod:
     grad : callable, optional
         ``d fn / d score`` with ``fn``'s signature, for a backward pass (which raises a
         clear error without it).
+
+    Returns
+    -------
+    ScoreMod
+        For ``score_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
     if isinstance(fn, ScoreMod):
         if arrays or grad is not None:

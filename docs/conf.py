@@ -1,0 +1,42 @@
+"""Sphinx configuration of attnbench's documentation site.
+
+Build it with ``pip install -e ".[docs]"`` and then
+``sphinx-build -W -b html docs docs/_build/html`` (``-W``: a warning fails the build).
+The pages are Markdown (MyST); the API reference is generated from the numpydoc
+docstrings (autodoc + numpydoc).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+project = "attnbench"
+author = "the attnbench developers"
+copyright = "2026, the attnbench developers"
+
+extensions = [
+    "myst_parser",
+    "numpydoc",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.mathjax",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build", "_generated/*.json", "README.md"]
+
+myst_enable_extensions = ["dollarmath"]
+myst_heading_anchors = 3
+
+# numpydoc: the parameters tables; no autosummary tables of class members.
+numpydoc_show_class_members = False
+numpydoc_xref_param_type = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"
+
+html_theme = "alabaster"
+html_title = "attnbench"
+html_static_path: list[str] = []
+html_theme_options = {"page_width": "1180px", "sidebar_width": "240px"}
