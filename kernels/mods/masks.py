@@ -255,12 +255,12 @@ def and_masks(*masks) -> MaskMod:
     Parameters
     ----------
     *masks : MaskMod or callable
-        At least one; plain functions are wrapped by :func:`mask_mod`.
+        One or more; a plain function is wrapped by :func:`mask_mod`.
 
     Returns
     -------
     MaskMod
-        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
+        Their intersection; a tile is EMPTY when any of them calls it EMPTY.
     """
     return _masks("and", masks)
 
@@ -271,11 +271,11 @@ def or_masks(*masks) -> MaskMod:
     Parameters
     ----------
     *masks : MaskMod or callable
-        At least one; plain functions are wrapped by :func:`mask_mod`.
+        One or more, as for :func:`and_masks`.
 
     Returns
     -------
     MaskMod
-        For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
+        Their union; a tile is FULL when any of them calls it FULL.
     """
     return _masks("or", masks)
