@@ -343,7 +343,7 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
     Returns
     -------
     int
-        How many rows were re-measured.
+        How many noisy rows were timed again.
     """
     started = clock()
     done = 0
