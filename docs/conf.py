@@ -3,14 +3,18 @@
 Build it with ``pip install -e ".[docs]"`` and then
 ``sphinx-build -W -b html docs docs/_build/html`` (``-W``: a warning fails the build).
 The pages are Markdown (MyST); the API reference is generated from the numpydoc
-docstrings (autodoc + numpydoc).
+docstrings (autodoc + numpydoc).  The figures are made by the build
+(``docs/_ext/attnbench_figures.py``) from small runs on the machine that builds it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 project = "attnbench"
 author = "the attnbench developers"
@@ -21,11 +25,12 @@ extensions = [
     "numpydoc",
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
+    "attnbench_figures",  # docs/_ext: the figures, made from small runs at each build
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "_generated/*.json", "README.md"]
+exclude_patterns = ["_build", "_ext", "_generated/*.json", "README.md"]
 
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3

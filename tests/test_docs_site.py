@@ -21,6 +21,7 @@ import kernels
 from kernels import mods
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "docs" / "_ext"))
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 #: A Python block whose preceding line is a comment with this is not run here (the comment
 #: says why, and where it runs instead).
@@ -105,3 +106,13 @@ def test_site_builds_without_warnings(tmp_path):
                            str(tmp_path / "html")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "html" / "api.html").exists()
+    # The figures are made by the build (docs/_ext) and shown on the pages that include them.
+    from attnbench_figures import FIGURES
+
+    images = {p.name for p in (tmp_path / "html" / "_images").glob("*.png")}
+    assert {f.__name__.removesuffix("_png") + ".png" for f in FIGURES} <= images, images
+    for page, figure in [("guide/harness.html", "scaling.png"),
+                         ("guide/harness.html", "stability.png"),
+                         ("guide/mods.html", "skipping.png"),
+                         ("guide/kernels.html", "heatmap.png")]:
+        assert f'src="../_images/{figure}"' in (tmp_path / "html" / page).read_text(), page
