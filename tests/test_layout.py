@@ -17,6 +17,7 @@ import pytest
 
 import kernels
 from kernels import mods
+from tests.import_graph import cycles, import_graph, imports, modules
 
 PACKAGE = Path(kernels.__file__).resolve().parent
 #: The backends: one subpackage each; none imports another.
@@ -50,15 +51,10 @@ MODS_ALL = [
 ]
 
 
-def _module_name(path: Path) -> str:
-    parts = ("kernels",) + path.relative_to(PACKAGE).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 @cache
 def _modules() -> dict[str, Path]:
     """Every module of the package by its dotted name (a package by its ``__init__``)."""
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return modules(PACKAGE)
 
 
 def _package_of(name: str) -> str:
@@ -69,27 +65,7 @@ def _package_of(name: str) -> str:
 def _imports(name: str):
     """``(target module, imported name or None, line)`` for each import of module ``name``,
     at any depth (function-level imports included); only targets inside the package."""
-    tree = ast.parse(_modules()[name].read_bytes())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "kernels" and alias.name in _modules():
-                    yield alias.name, None, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = _package_of(name).split(".")
-                base = base[:len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            if source.split(".")[0] != "kernels":
-                continue
-            for alias in node.names:
-                sub = f"{source}.{alias.name}"
-                if sub in _modules():
-                    yield sub, None, node.lineno  # a module: ``from . import tiles``
-                else:
-                    yield source, alias.name, node.lineno
+    return imports(_modules()[name], PACKAGE, _modules())
 
 
 def _layer(name: str) -> tuple[int, str]:
@@ -106,42 +82,6 @@ def _backend(name: str) -> str | None:
     return next((b for b in BACKENDS if name == b or name.startswith(b + ".")), None)
 
 
-def _graph() -> dict[str, set[str]]:
-    return {name: {target for target, _, _ in _imports(name) if target != name}
-            for name in _modules()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_the_package_is_read():
     names = set(_modules())
     assert {"kernels", "kernels._api", "kernels._dispatch", "kernels.numba_cpu.forward",
@@ -152,11 +92,11 @@ def test_the_package_is_read():
 
 
 def test_no_import_circle():
-    assert _cycles(_graph()) == []
+    assert cycles(import_graph(PACKAGE)) == []
 
 
 def test_the_cycle_finder_finds_a_circle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_imports_run_one_way():

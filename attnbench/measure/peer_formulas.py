@@ -2,18 +2,41 @@
 
 :func:`numpy_attention` (the plain NumPy formula), :func:`torch_sdpa_arguments` (one
 PyTorch SDPA adapter), :func:`visibility` (which pairs the masking arguments leave
-visible) and :class:`UnsupportedByPeer`.  They live here, below :mod:`attnbench.measure.peers`
+visible), :func:`torch_status` (whether torch imports) and :class:`UnsupportedByPeer`.  They live here, below :mod:`attnbench.measure.peers`
 (which also resolves external peers through :mod:`attnbench.conformance`), so that the
 conformance kit's adapters can use them without an import circle.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import numpy as np
 
 import kernels
 
-__all__ = ["UnsupportedByPeer", "numpy_attention", "torch_sdpa_arguments", "visibility"]
+__all__ = ["UnsupportedByPeer", "numpy_attention", "torch_sdpa_arguments", "torch_status",
+           "visibility"]
+
+
+@functools.cache
+def torch_status() -> tuple[bool, str]:
+    """``(usable, why)`` for PyTorch, the optional peer; never raises.
+
+    Returns
+    -------
+    usable : bool
+    why : str
+        torch's version and thread count, or why it cannot be used.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return False, "torch is not installed (pip install 'attnbench[torch]')"
+    try:
+        import torch
+    except Exception as exc:  # a broken install is a missing peer, not a crash
+        return False, f"torch cannot be imported ({type(exc).__name__}: {exc})"
+    return True, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 class UnsupportedByPeer(ValueError):

@@ -27,7 +27,6 @@ call, so only the backward is timed); the numpy peer has no backward.
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from attnbench.measure.peer_formulas import (  # noqa: F401  (part of this modul
     _reject_dropout,
     numpy_attention,
     torch_sdpa_arguments,
+    torch_status,
     visibility,
 )
 
@@ -88,13 +88,7 @@ def peer_status(name: str) -> tuple[bool, str]:
             return False, f"{name} cannot be loaded ({type(exc).__name__}: {exc})"
         return True, f"{name} ({adapter.convention} convention)"
     if name == "torch":
-        if importlib.util.find_spec("torch") is None:
-            return False, "torch is not installed (pip install 'attnbench[torch]')"
-        try:
-            import torch
-        except Exception as exc:  # a broken install is a missing peer, not a crash
-            return False, f"torch cannot be imported ({type(exc).__name__}: {exc})"
-        return True, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        return torch_status()
     raise ValueError(f"peer {name!r} is unknown; expected one of {PEERS}")
 
 

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from attnbench.measure import peers
+from attnbench.measure.peer_formulas import torch_status
 
 __all__ = [
     "BOOL_MASK_DENSITY", "DROPOUT_P", "MASK_KINDS", "SEED", "SETTLE_SECONDS", "ProblemSpec",
@@ -235,7 +235,7 @@ def limit_threads(threads: int | None, *, torch: bool = False):
                          f"NUMBA_NUM_THREADS); got {threads}")
     numba_before = numba.get_num_threads()
     torch_module = None
-    if torch and peers.peer_status("torch")[0]:
+    if torch and torch_status()[0]:
         import torch as torch_module  # optional peer: imported only when asked for
 
         torch_before = torch_module.get_num_threads()
