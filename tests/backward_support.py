@@ -2,8 +2,9 @@
 
 As for the forward (``tests/support.py``): a backend's gradients must lie within twice the
 error of the same formulas evaluated in the input dtype (the reference backward with
-``compute_dtype`` = the input dtype) plus a few ulps, against the oracle in float64 (for
-float32 inputs) or ``np.longdouble`` (for float64 inputs).
+``compute_dtype`` = the input dtype; of its two roundings of the scores, the worse)
+plus a few ulps, against the oracle in float64 (for float32 inputs) or ``np.longdouble``
+(for float64 inputs): :func:`attnbench.measure.grad_oracle.gradient_oracle`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from attnbench.measure.grad_oracle import lse_rounding
-from attnbench.measure.oracle import oracle_dtype, tolerance
+from attnbench.measure.grad_oracle import gradient_oracle, lse_rounding
+from attnbench.measure.oracle import tolerance
 from kernels.reference import forward as reference
-from kernels.reference.backward import run_backward
 
 from .support import COMPARISONS, max_error
 
@@ -31,9 +31,7 @@ def backward_oracle(q, k, v, dout, **kwargs):
     problem = kernels.prepare(q, k, v, **kwargs)
     B, H, _, Lq, _, _, Dv = problem.shape
     dout4 = np.ascontiguousarray(dout).reshape(B, H, Lq, Dv)
-    exact = run_backward(problem, dout4, compute_dtype=oracle_dtype(problem.dtype),
-                         keep_precision=True)
-    plain = run_backward(problem, dout4, compute_dtype=problem.dtype)
+    exact, plain = gradient_oracle(problem, dout4)
     shapes = (np.shape(q), np.shape(k), np.shape(v))
 
     def restore(grads):

@@ -32,7 +32,7 @@ from .forward import _softmax_visible, _weighted_values
 
 
 def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.float64,
-                 keep_precision=False):
+                 keep_precision=False, scores_from=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(dout * attention(problem))`` by the formulas above.
 
     Parameters
@@ -46,6 +46,10 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
         tolerance baseline, and ``np.longdouble``, as the oracle for float64 inputs).
     keep_precision : bool, default False
         Return the gradients in ``compute_dtype`` instead of the input dtype.
+    scores_from : dtype, optional
+        Compute the scaled scores ``Q Kᵀ · scale`` in this wider dtype and round them to
+        ``compute_dtype`` (the second tolerance baseline, as in
+        :func:`kernels.reference.forward.run`).
 
     Returns
     -------
@@ -70,7 +74,13 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
     sees_a_key = visible.any(axis=-1)  # (B, H, Lq)
 
     with np.errstate(invalid="ignore", over="ignore"):
-        scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # X, (B, H, Lq, Lk)
+        if scores_from is None:
+            scores = (q @ k.swapaxes(-1, -2)) * ct(problem.scale)  # X, (B, H, Lq, Lk)
+        else:
+            wide = np.dtype(scores_from).type
+            k_wide = np.repeat(problem.k.astype(wide), group, axis=1)
+            scores = ((problem.q.astype(wide) @ k_wide.swapaxes(-1, -2))
+                      * wide(problem.scale)).astype(ct)
         score_grad = None
         if problem.score_mod is not None:  # f and f' at X, before the mask
             score_grad = _score_grad(problem.score_mod, scores)
