@@ -49,6 +49,7 @@ from ._dispatch import (
 )
 from ._problem import AttentionProblem
 from ._validate import causal_offset
+from .kvcache import KVCache
 from .merge import merge_attention_states
 from .mha import MultiHeadAttention
 from .softmax import softmax
@@ -72,5 +73,6 @@ __all__ = [
     "BackendUnavailableError",
     "attention_with_kvcache",
     "merge_attention_states",
+    "KVCache",
 ]
 __version__ = "0.1.0"
