@@ -61,6 +61,9 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         per = (n + n_splits - 1) // n_splits
         j_lo = min(s * per, n)
         j_hi = min(j_lo + per, n)
+        qs = np.empty((R, D), dtype=q.dtype)  # the group's queries, rows r = g·Lq + i
+        for r in range(R):
+            qs[r] = q[b, hk * G + r // Lq, r % Lq]
         acc = np.zeros((R, Dv), dtype=q.dtype)
         row_max = np.full(R, neg_inf, dtype=q.dtype)
         row_sum = np.zeros(R, dtype=q.dtype)
@@ -79,8 +82,7 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                     continue
             for jj in range(j1 - j0):
                 j = j0 + jj
-                page = block_table[b, j // ps]
-                slot = j % ps
+                key = k_cache[block_table[b, j // ps], hk, j % ps]  # (D,), a view
                 for r in range(R):
                     pos = q_start[b] + r % Lq
                     vis = j <= pos or not causal
@@ -88,10 +90,10 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                         vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
                     seen[r, jj] = vis
                     if vis:
-                        h, i = hk * G + r // Lq, r % Lq
+                        q_row = qs[r]
                         dot = zero
                         for d in range(D):
-                            dot += q[b, h, i, d] * k_cache[page, hk, slot, d]
+                            dot += q_row[d] * key[d]
                         score = dot * scale
                         if score_fn is not None:
                             score = score_fn(score, b, hk * G + r // Lq, pos, j, score_args)
@@ -113,16 +115,18 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                     total += p
                 row_sum[r] = row_sum[r] * correction + total
                 row_max[r] = m_new
+                acc_row = acc[r]
                 for e in range(Dv):
-                    acc[r, e] *= correction
-                for jj in range(j1 - j0):
+                    acc_row[e] *= correction
+            for jj in range(j1 - j0):  # acc += P · V, each value row read once for all rows
+                j = j0 + jj
+                value = v_cache[block_table[b, j // ps], hk, j % ps]  # (Dv,), a view
+                for r in range(R):
                     if seen[r, jj]:
-                        j = j0 + jj
-                        page = block_table[b, j // ps]
-                        slot = j % ps
                         p = scores[r, jj]
+                        acc_row = acc[r]
                         for e in range(Dv):
-                            acc[r, e] += p * v_cache[page, hk, slot, e]
+                            acc_row[e] += p * value[e]
         for r in range(R):
             h = hk * G + r // Lq
             i = r % Lq
