@@ -107,10 +107,13 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
 
 def _resolve(backend: str, problem) -> str:
     if backend == "auto":
-        return "cuda" if problem.key_bytes() >= CUDA_AUTO_MIN_BYTES and has_real_gpu() else (
-            "numba")
+        big = problem.key_bytes() >= CUDA_AUTO_MIN_BYTES
+        if big and problem.score_mod is None and problem.mask_mod is None and has_real_gpu():
+            return "cuda"
+        return "numba"
     if backend == "cuda":
         usable, why = cuda_status()
         if not usable:
             raise BackendUnavailableError(f"backend='cuda' cannot run here: {why}")
+        decode_module("cuda").check_supported(problem)  # before anything is written
     return backend
