@@ -67,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.bench.backward import backward_section
+from attnbench.bench.decode import decode_section
 from attnbench.bench.config import (
     COLUMNS,
     BenchConfig,
@@ -150,6 +151,8 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
         rows += backward_section(config, threads, progress)
     if "variants" in run:
         rows += variants_section(config, threads, progress)
+    if "decode" in run:
+        rows += decode_section(config, threads, progress)
     return rows
 
 
