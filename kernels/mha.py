@@ -123,8 +123,8 @@ class MultiHeadAttention:
                                      score_mod=score_mod, mask_mod=mask_mod, backend=backend)
         return multihead.multihead_fused(
             x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
-            causal=False if causal is None else causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
-            mask_mod=mask_mod,
+            causal=False if causal is None else causal, mask=mask, key_lengths=key_lengths,
+            score_mod=score_mod, mask_mod=mask_mod,
         )
 
     __call__ = forward

@@ -233,7 +233,8 @@ def test_user_mods_see_absolute_positions():
 # --- bad input: an error naming the argument, and the cache unchanged ----------------------
 
 
-def _good(rng=np.random.default_rng(0)):
+def _good():
+    rng = np.random.default_rng(0)
     q, kc, vc, table, lengths, kn, vn = _decode_case(rng, 1, 32, 1, 4, 2, 4, np.float32)
     return dict(q=q, k_cache=kc, v_cache=vc, k=kn, v=vn, cache_seqlens=lengths,
                 block_table=table)

@@ -155,8 +155,8 @@ def decode_targets(table) -> list[dict]:
         met = combine(verdicts)
         targets.append({"target": name, "shape": shape, "measured": ", ".join(measured),
                         "goal": f"{'<=' if at_most else '>='} {goal:g}", "met": met,
-                        "note": note if pairs else (note or "no rows (section not run, or "
-                                                            "a peer missing)")})
+                        "note": note if pairs else "; ".join(filter(None, (
+                            note, "no rows (section not run, or a peer missing)")))})
 
     probe = _find(rows, variant=f"bandwidth: {PROBE}")
     for B, label in ((1, "B=1"), (8, "B=8")):

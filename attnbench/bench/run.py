@@ -67,13 +67,13 @@ import numpy as np
 import pandas as pd
 
 from attnbench.bench.backward import backward_section
-from attnbench.bench.decode import decode_section
 from attnbench.bench.config import (
     COLUMNS,
     BenchConfig,
     command_line,
     config_from_args,
 )
+from attnbench.bench.decode import decode_section
 from attnbench.bench.output import format_table, format_targets, write_results
 from attnbench.bench.sections import (
     causal_section,
