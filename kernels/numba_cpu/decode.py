@@ -80,9 +80,24 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                         break
                 if empty:
                     continue
+            # Every pair of the chunk visible (no mask function, before the first query's
+            # causal limit): the loops without the per-pair tests.
+            full = mask_fn is None and (not causal or j1 - 1 <= q_start[b])
             for jj in range(j1 - j0):
                 j = j0 + jj
                 key = k_cache[block_table[b, j // ps], hk, j % ps]  # (D,), a view
+                if full:
+                    for r in range(R):
+                        q_row = qs[r]
+                        dot = zero
+                        for d in range(D):
+                            dot += q_row[d] * key[d]
+                        score = dot * scale
+                        if score_fn is not None:
+                            score = score_fn(score, b, hk * G + r // Lq, q_start[b] + r % Lq, j,
+                                             score_args)
+                        scores[r, jj] = score
+                    continue
                 for r in range(R):
                     pos = q_start[b] + r % Lq
                     vis = j <= pos or not causal
@@ -122,7 +137,7 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                 j = j0 + jj
                 value = v_cache[block_table[b, j // ps], hk, j % ps]  # (Dv,), a view
                 for r in range(R):
-                    if seen[r, jj]:
+                    if full or seen[r, jj]:
                         p = scores[r, jj]
                         acc_row = acc[r]
                         for e in range(Dv):
