@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kernels
 from attnbench.measure.oracle import decode_oracle, max_abs_error, tolerance
@@ -278,3 +280,32 @@ def test_bad_input_names_the_argument_and_writes_nothing(name, change, error, wo
         kernels.attention_with_kvcache(**args)
     assert args["k_cache"].tobytes() == before[0].tobytes()
     assert args["v_cache"].tobytes() == before[1].tobytes()
+
+
+# --- property: any shape, lengths, pages and splits agree with the oracle -------------------
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_decode_step_matches_the_oracle(data):
+    B = data.draw(st.integers(1, 3), label="B")
+    Hkv = data.draw(st.sampled_from([1, 2]), label="Hkv")
+    H = Hkv * data.draw(st.integers(1, 3), label="group")
+    Lq = data.draw(st.integers(1, 4), label="Lq")
+    Lnew = data.draw(st.integers(0, 4), label="Lnew")
+    page_size = data.draw(st.sampled_from([None, 1, 3, 8]), label="page_size")
+    capacity = data.draw(st.integers(max(Lnew, 1), 90), label="capacity")
+    lengths = np.array(data.draw(st.lists(st.integers(0, capacity - Lnew), min_size=B,
+                                          max_size=B), label="cache_seqlens"))
+    num_splits = data.draw(st.sampled_from([0, 1, 2, 5]), label="num_splits")
+    causal = data.draw(st.booleans(), label="causal")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31), label="seed"))
+    k_cache, v_cache, table = make_cache(rng, B, Hkv, capacity, page_size, np.float32)
+    fill_prefix(rng, k_cache, v_cache, table, lengths)
+    q = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+    k_new = rng.standard_normal((B, Hkv, Lnew, D)).astype(np.float32) if Lnew else None
+    v_new = rng.standard_normal((B, Hkv, Lnew, DV)).astype(np.float32) if Lnew else None
+    out, lse, _, _ = _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, k_new,
+                                           v_new, causal=causal, num_splits=num_splits)
+    assert not np.isnan(out).any()
+    assert ((out == 0).all(axis=-1) == np.isneginf(lse)).all()  # no key: 0 and -inf only
