@@ -92,7 +92,8 @@ def config_from_args(args) -> BenchConfig:
     for name in ("rounds", "threads", "memory_length", "padding_length", "parallel_length",
                  "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb",
                  "backward_memory_length", "window_length", "documents_length",
-                 "score_length", "window_backward_length"):
+                 "score_length", "window_backward_length", "decode_length",
+                 "decode_batch_length", "decode_mqa_length"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -124,7 +125,10 @@ def command_line(config: BenchConfig) -> str:
              "--window-L", str(config.window_length),
              "--documents-L", str(config.documents_length),
              "--score-L", str(config.score_length),
-             "--window-backward-L", str(config.window_backward_length)]
+             "--window-backward-L", str(config.window_backward_length),
+             "--decode-L", str(config.decode_length),
+             "--decode-batch-L", str(config.decode_batch_length),
+             "--decode-mqa-L", str(config.decode_mqa_length)]
     if tuple(config.sections) != SECTIONS:
         words += ["--only", *config.sections]
     if config.threads:

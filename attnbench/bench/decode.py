@@ -41,8 +41,9 @@ def _cache(rng, B, Hkv, L, page_size=None):
     if page_size is None:
         shape, table = (B, Hkv, L, D), None
     else:
-        pages = B * L // page_size
-        shape, table = (pages, Hkv, page_size, D), rng.permutation(pages).reshape(B, -1)
+        per_seq = -(-L // page_size)
+        shape = (B * per_seq, Hkv, page_size, D)
+        table = rng.permutation(B * per_seq).reshape(B, per_seq)
     return (rng.standard_normal(shape, dtype=np.float32),
             rng.standard_normal(shape, dtype=np.float32), table)
 

@@ -83,9 +83,14 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
             # Every pair of the chunk visible (no mask function, before the first query's
             # causal limit): the loops without the per-pair tests.
             full = mask_fn is None and (not causal or j1 - 1 <= q_start[b])
+            first_page, first_slot = j0 // ps, j0 % ps  # then stepped: no division per key
+            page, slot = first_page, first_slot
             for jj in range(j1 - j0):
                 j = j0 + jj
-                key = k_cache[block_table[b, j // ps], hk, j % ps]  # (D,), a view
+                key = k_cache[block_table[b, page], hk, slot]  # (D,), a view
+                slot += 1
+                if slot == ps:
+                    page, slot = page + 1, 0
                 if full:
                     for r in range(R):
                         q_row = qs[r]
@@ -133,9 +138,12 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                 acc_row = acc[r]
                 for e in range(Dv):
                     acc_row[e] *= correction
+            page, slot = first_page, first_slot
             for jj in range(j1 - j0):  # acc += P · V, each value row read once for all rows
-                j = j0 + jj
-                value = v_cache[block_table[b, j // ps], hk, j % ps]  # (Dv,), a view
+                value = v_cache[block_table[b, page], hk, slot]  # (Dv,), a view
+                slot += 1
+                if slot == ps:
+                    page, slot = page + 1, 0
                 for r in range(R):
                     if full or seen[r, jj]:
                         p = scores[r, jj]
