@@ -3,6 +3,8 @@ verdict per target decided from intervals (the numbers themselves are not assert
 
 from dataclasses import replace
 
+import pytest
+
 from attnbench.bench.config import QUICK
 from attnbench.bench.decode import PROBE, decode_targets
 from attnbench.bench.run import run_bench
@@ -19,6 +21,7 @@ def test_the_bandwidth_probe_is_in_the_machine_record():
     assert any(key.startswith("8 MiB") and entry["probes"] >= 1 for key, entry in record.items())
 
 
+@pytest.mark.slow  # an end-to-end run of the section: left out of the quick lane
 def test_decode_section_rows_and_targets():
     config = replace(QUICK, sections=("decode",), rounds=6, interval_rounds=6, min_time=0.0,
                      decode_length=512, decode_batch_length=128, decode_mqa_length=1024,
