@@ -69,6 +69,8 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         row_sum = np.zeros(R, dtype=q.dtype)
         scores = np.empty((R, CHUNK), dtype=q.dtype)
         seen = np.empty((R, CHUNK), dtype=np.bool_)
+        row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
+        row_slot = np.empty(CHUNK, dtype=np.int64)
         for j0 in range(j_lo, j_hi, CHUNK):
             j1 = min(j0 + CHUNK, j_hi)
             if tile_fn is not None:  # skip the chunk if it is empty for every head
@@ -81,55 +83,84 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                 if empty:
                     continue
             # Every pair of the chunk visible (no mask function, before the first query's
-            # causal limit): the loops without the per-pair tests.
+            # causal limit): the loops without the per-pair tests, four keys per pass.
             full = mask_fn is None and (not causal or j1 - 1 <= q_start[b])
-            first_page, first_slot = j0 // ps, j0 % ps  # then stepped: no division per key
-            page, slot = first_page, first_slot
-            for jj in range(j1 - j0):
-                j = j0 + jj
-                key = k_cache[block_table[b, page], hk, slot]  # (D,), a view
+            nk = j1 - j0
+            page, slot = j0 // ps, j0 % ps  # then stepped: no division per key
+            for jj in range(nk):  # where each key and value row of the chunk lies
+                row_page[jj] = block_table[b, page]
+                row_slot[jj] = slot
                 slot += 1
                 if slot == ps:
                     page, slot = page + 1, 0
-                if full:
-                    for r in range(R):
-                        q_row = qs[r]
-                        dot = zero
-                        for d in range(D):
-                            dot += q_row[d] * key[d]
-                        score = dot * scale
-                        if score_fn is not None:
-                            score = score_fn(score, b, hk * G + r // Lq, q_start[b] + r % Lq, j,
-                                             score_args)
-                        scores[r, jj] = score
-                    continue
-                for r in range(R):
-                    pos = q_start[b] + r % Lq
-                    vis = j <= pos or not causal
-                    if mask_fn is not None:
-                        vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
-                    seen[r, jj] = vis
-                    if vis:
-                        q_row = qs[r]
-                        dot = zero
-                        for d in range(D):
-                            dot += q_row[d] * key[d]
-                        score = dot * scale
-                        if score_fn is not None:
-                            score = score_fn(score, b, hk * G + r // Lq, pos, j, score_args)
-                        scores[r, jj] = score
+            if full:
+                jj = 0
+                while jj < nk:
+                    if jj + 4 <= nk:
+                        k0 = k_cache[row_page[jj], hk, row_slot[jj]]  # (D,), views
+                        k1 = k_cache[row_page[jj + 1], hk, row_slot[jj + 1]]
+                        k2 = k_cache[row_page[jj + 2], hk, row_slot[jj + 2]]
+                        k3 = k_cache[row_page[jj + 3], hk, row_slot[jj + 3]]
+                        for r in range(R):
+                            q_row = qs[r]
+                            d0, d1, d2, d3 = zero, zero, zero, zero
+                            for d in range(D):
+                                x = q_row[d]
+                                d0 += x * k0[d]
+                                d1 += x * k1[d]
+                                d2 += x * k2[d]
+                                d3 += x * k3[d]
+                            scores[r, jj] = d0 * scale
+                            scores[r, jj + 1] = d1 * scale
+                            scores[r, jj + 2] = d2 * scale
+                            scores[r, jj + 3] = d3 * scale
+                        jj += 4
                     else:
-                        scores[r, jj] = neg_inf
+                        key = k_cache[row_page[jj], hk, row_slot[jj]]
+                        for r in range(R):
+                            q_row = qs[r]
+                            dot = zero
+                            for d in range(D):
+                                dot += q_row[d] * key[d]
+                            scores[r, jj] = dot * scale
+                        jj += 1
+                if score_fn is not None:
+                    for r in range(R):
+                        for jj in range(nk):
+                            scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
+                                                     q_start[b] + r % Lq, j0 + jj, score_args)
+            else:
+                for jj in range(nk):
+                    j = j0 + jj
+                    key = k_cache[row_page[jj], hk, row_slot[jj]]  # (D,), a view
+                    for r in range(R):
+                        pos = q_start[b] + r % Lq
+                        vis = j <= pos or not causal
+                        if mask_fn is not None:
+                            vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
+                        seen[r, jj] = vis
+                        if vis:
+                            q_row = qs[r]
+                            dot = zero
+                            for d in range(D):
+                                dot += q_row[d] * key[d]
+                            score = dot * scale
+                            if score_fn is not None:
+                                score = score_fn(score, b, hk * G + r // Lq, pos, j,
+                                                 score_args)
+                            scores[r, jj] = score
+                        else:
+                            scores[r, jj] = neg_inf
             for r in range(R):  # the online softmax's update of row r
                 m_old = row_max[r]
                 m_new = m_old
-                for jj in range(j1 - j0):
+                for jj in range(nk):
                     if scores[r, jj] > m_new:
                         m_new = scores[r, jj]
                 shift = m_new if m_new > neg_inf else zero
                 correction = fast_exp(m_old - shift)
                 total = zero
-                for jj in range(j1 - j0):
+                for jj in range(nk):
                     p = fast_exp(scores[r, jj] - shift)
                     scores[r, jj] = p
                     total += p
@@ -138,18 +169,36 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                 acc_row = acc[r]
                 for e in range(Dv):
                     acc_row[e] *= correction
-            page, slot = first_page, first_slot
-            for jj in range(j1 - j0):  # acc += P · V, each value row read once for all rows
-                value = v_cache[block_table[b, page], hk, slot]  # (Dv,), a view
-                slot += 1
-                if slot == ps:
-                    page, slot = page + 1, 0
+            if full:  # acc += P · V, four value rows per pass over a row's accumulator
                 for r in range(R):
-                    if full or seen[r, jj]:
-                        p = scores[r, jj]
-                        acc_row = acc[r]
-                        for e in range(Dv):
-                            acc_row[e] += p * value[e]
+                    acc_row = acc[r]
+                    jj = 0
+                    while jj < nk:
+                        if jj + 4 <= nk:
+                            p0, p1 = scores[r, jj], scores[r, jj + 1]
+                            p2, p3 = scores[r, jj + 2], scores[r, jj + 3]
+                            v0 = v_cache[row_page[jj], hk, row_slot[jj]]  # (Dv,), views
+                            v1 = v_cache[row_page[jj + 1], hk, row_slot[jj + 1]]
+                            v2 = v_cache[row_page[jj + 2], hk, row_slot[jj + 2]]
+                            v3 = v_cache[row_page[jj + 3], hk, row_slot[jj + 3]]
+                            for e in range(Dv):
+                                acc_row[e] += p0 * v0[e] + p1 * v1[e] + p2 * v2[e] + p3 * v3[e]
+                            jj += 4
+                        else:
+                            p0 = scores[r, jj]
+                            v0 = v_cache[row_page[jj], hk, row_slot[jj]]
+                            for e in range(Dv):
+                                acc_row[e] += p0 * v0[e]
+                            jj += 1
+            else:  # each value row read once for all rows; hidden pairs not multiplied
+                for jj in range(nk):
+                    value = v_cache[row_page[jj], hk, row_slot[jj]]  # (Dv,), a view
+                    for r in range(R):
+                        if seen[r, jj]:
+                            p = scores[r, jj]
+                            acc_row = acc[r]
+                            for e in range(Dv):
+                                acc_row[e] += p * value[e]
         for r in range(R):
             h = hk * G + r // Lq
             i = r % Lq
