@@ -82,7 +82,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
                                f"(B={B}, Hkv, Lmax, D={D})")
         v_cache = _check_cache("v_cache", v_cache, dtype, (B, Hkv, Lmax), None,
                                f"(B={B}, Hkv={Hkv}, Lmax={Lmax}, Dv), as k_cache")
-        table = np.arange(B, dtype=np.int64)[:, None]  # sequence b on page b
+        table = np.arange(B, dtype=np.int64).reshape(B, 1)  # sequence b on page b
         capacity = Lmax
     else:
         k_cache = _float_array("k_cache", k_cache, dtype)
