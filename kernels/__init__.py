@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from . import mods
 from ._api import attention, attention_backward, attention_plan, plan, plan_needed, prepare
+from ._decode_api import attention_with_kvcache
 from ._dispatch import (
     BackendUnavailableError,
     available_backends,
@@ -48,6 +49,8 @@ from ._dispatch import (
 )
 from ._problem import AttentionProblem
 from ._validate import causal_offset
+from .kvcache import KVCache
+from .merge import merge_attention_states
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
@@ -68,5 +71,8 @@ __all__ = [
     "cuda_simulator_enabled",
     "causal_offset",
     "BackendUnavailableError",
+    "attention_with_kvcache",
+    "merge_attention_states",
+    "KVCache",
 ]
 __version__ = "0.1.0"

@@ -15,11 +15,14 @@ import os
 
 from ._problem import AttentionProblem
 
-#: backend name -> (forward module, backward module).
+#: backend name -> (forward module, backward module, decode module: ``run(problem) -> (out,
+#: lse)`` of a :class:`kernels._decode_problem.DecodeProblem`).
 BACKENDS = {
-    "reference": ("kernels.reference.forward", "kernels.reference.backward"),
-    "numba": ("kernels.numba_cpu.choose", "kernels.numba_cpu.backward"),
-    "cuda": ("kernels.cuda.launch", "kernels.cuda.backward"),
+    "reference": ("kernels.reference.forward", "kernels.reference.backward",
+                  "kernels.reference.decode"),
+    "numba": ("kernels.numba_cpu.choose", "kernels.numba_cpu.backward",
+              "kernels.numba_cpu.decode"),
+    "cuda": ("kernels.cuda.launch", "kernels.cuda.backward", "kernels.cuda.decode"),
 }
 
 #: ``auto`` sends problems with at least this many multiply-adds to a real GPU.
@@ -116,3 +119,8 @@ def module(name: str):
 def backward_module(name: str):
     """The module implementing the backward pass of backend ``name``."""
     return importlib.import_module(BACKENDS[name][1])
+
+
+def decode_module(name: str):
+    """The module implementing the KV-cache decode of backend ``name``."""
+    return importlib.import_module(BACKENDS[name][2])

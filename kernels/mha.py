@@ -84,17 +84,24 @@ class MultiHeadAttention:
         """Number of scalars in :meth:`parameters`, counted from the arrays."""
         return int(sum(p.size for p in self._params.values()))
 
-    def forward(self, x, *, causal=False, mask=None, key_lengths=None, score_mod=None,
-                mask_mod=None, backend="auto"):
-        """Self-attention of ``x``.
+    def forward(self, x, *, causal=None, mask=None, key_lengths=None, score_mod=None,
+                mask_mod=None, backend="auto", cache=None):
+        """Self-attention of ``x``; with ``cache``, one decode step against a KV cache.
 
         Parameters
         ----------
         x : ndarray, shape (..., L, d_model)
-            In the module's dtype.
+            In the module's dtype; with ``cache``, the new tokens (B, Lnew, d_model).
         causal, mask, key_lengths, score_mod, mask_mod, backend
             As in :func:`kernels.attention`; ``mask`` broadcasts to (..., n_heads, L, L);
-            a score or mask function sees the query head ``h`` and the positions in x.
+            a score or mask function sees the query head ``h`` and the positions in x
+            (with ``cache``, the absolute positions in the sequence).  ``causal``
+            defaults to False, and to True with ``cache``.
+        cache : kernels.KVCache, optional
+            The keys and values of earlier tokens: ``x``'s keys and values are appended
+            to it, the new queries attend to every cached token (as
+            :func:`kernels.attention_with_kvcache`) and the cache advances.  Not with
+            ``mask`` or ``key_lengths``.
 
         Returns
         -------
@@ -108,13 +115,35 @@ class MultiHeadAttention:
             )
         if x.ndim < 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
+        if cache is not None:
+            if mask is not None or key_lengths is not None:
+                raise ValueError("mask and key_lengths do not go with cache (the cache's "
+                                 "seqlens say which keys exist)")
+            return self._decode_step(x, cache, causal=True if causal is None else causal,
+                                     score_mod=score_mod, mask_mod=mask_mod, backend=backend)
         return multihead.multihead_fused(
             x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
-            causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
-            mask_mod=mask_mod,
+            causal=False if causal is None else causal, mask=mask, key_lengths=key_lengths,
+            score_mod=score_mod, mask_mod=mask_mod,
         )
 
     __call__ = forward
+
+    def _decode_step(self, x, cache, **keywords):
+        """forward(x, cache=cache): project the new tokens, append, attend, advance."""
+        if x.ndim != 3:
+            raise ValueError(f"with cache, x must have shape (B, Lnew, d_model); got {x.shape}")
+        if (cache.k.shape[1], cache.k.shape[3], cache.dtype) != (
+                self.n_kv_heads, self.d_head, self.dtype):
+            raise ValueError(f"cache holds {cache.k.shape[1]} heads of {cache.k.shape[3]} in "
+                             f"{cache.dtype}; this layer needs {self.n_kv_heads} of "
+                             f"{self.d_head} in {self.dtype}")
+        p, split = self._params, multihead.split_heads
+        q = split(multihead.project(x, p, "q"), self.n_heads)  # (B, H, Lnew, d_head)
+        k = split(multihead.project(x, p, "k"), self.n_kv_heads)  # (B, Hkv, Lnew, d_head)
+        v = split(multihead.project(x, p, "v"), self.n_kv_heads)
+        heads = cache.attend(q, k, v, **keywords)  # (B, H, Lnew, d_head)
+        return multihead.project(multihead.merge_heads(heads), p, "o")
 
     def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, score_mod=None,
                  mask_mod=None, backend="auto"):

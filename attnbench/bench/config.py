@@ -22,7 +22,7 @@ COLUMNS = (
 )
 #: Sections of ``attnbench bench``, in the order they run (``--only`` picks some).
 SECTIONS = ("speed", "peak", "float64", "memory", "tiny", "causal", "padding", "parallel",
-            "backward", "variants", "startup")
+            "backward", "variants", "decode", "startup")
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
 
@@ -58,6 +58,9 @@ class BenchConfig:
     n_documents: int = 8
     score_length: int = 4096  # L of the ALiBi and softcap variants
     window_backward_length: int = 8192  # L of the backward with the sliding window
+    decode_length: int = 32768  # cache of the decode section's B=1 points (attnbench.bench.decode)
+    decode_batch_length: int = 4096  # ... of its B=8 point
+    decode_mqa_length: int = 65536  # ... of its MQA num_splits point
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
@@ -71,7 +74,8 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
                     rounds=3, memory_length=2048, padding_length=1024, parallel_length=1024,
                     startup_runs=1, backward_lengths=(256, 512), backward_memory_length=2048,
                     window_length=4096, documents_length=2048, score_length=1024,
-                    window_backward_length=2048, quick=True)
+                    window_backward_length=2048, decode_length=4096, decode_batch_length=1024,
+                    decode_mqa_length=8192, quick=True)
 
 
 def config_from_args(args) -> BenchConfig:
@@ -88,7 +92,8 @@ def config_from_args(args) -> BenchConfig:
     for name in ("rounds", "threads", "memory_length", "padding_length", "parallel_length",
                  "tiny_length", "startup_runs", "peak_min_length", "numpy_max_gb",
                  "backward_memory_length", "window_length", "documents_length",
-                 "score_length", "window_backward_length"):
+                 "score_length", "window_backward_length", "decode_length",
+                 "decode_batch_length", "decode_mqa_length"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -120,7 +125,10 @@ def command_line(config: BenchConfig) -> str:
              "--window-L", str(config.window_length),
              "--documents-L", str(config.documents_length),
              "--score-L", str(config.score_length),
-             "--window-backward-L", str(config.window_backward_length)]
+             "--window-backward-L", str(config.window_backward_length),
+             "--decode-L", str(config.decode_length),
+             "--decode-batch-L", str(config.decode_batch_length),
+             "--decode-mqa-L", str(config.decode_mqa_length)]
     if tuple(config.sections) != SECTIONS:
         words += ["--only", *config.sections]
     if config.threads:

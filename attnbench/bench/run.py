@@ -73,6 +73,7 @@ from attnbench.bench.config import (
     command_line,
     config_from_args,
 )
+from attnbench.bench.decode import decode_section
 from attnbench.bench.output import format_table, format_targets, write_results
 from attnbench.bench.sections import (
     causal_section,
@@ -150,6 +151,8 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
         rows += backward_section(config, threads, progress)
     if "variants" in run:
         rows += variants_section(config, threads, progress)
+    if "decode" in run:
+        rows += decode_section(config, threads, progress)
     return rows
 
 

@@ -238,7 +238,10 @@ def add_bench(subparsers) -> None:
             ("--documents-L", "documents_length", "L of the 8-documents variant", 8192),
             ("--score-L", "score_length", "L of the ALiBi and softcap variants", 4096),
             ("--window-backward-L", "window_backward_length",
-             "L of the backward with the sliding window", 8192)):
+             "L of the backward with the sliding window", 8192),
+            ("--decode-L", "decode_length", "cache of the decode section's B=1 points", 32768),
+            ("--decode-batch-L", "decode_batch_length", "cache of its B=8 point", 4096),
+            ("--decode-mqa-L", "decode_mqa_length", "cache of its MQA splits point", 65536)):
         parser.add_argument(flag, dest=dest, type=positive_int, metavar="N",
                             help=f"{what} (default: {default}; --quick: smaller)")
     parser.add_argument("--float64-L", dest="float64_L", type=positive_int, nargs="*",

@@ -29,6 +29,7 @@ from threadpoolctl import threadpool_info
 
 import kernels
 from attnbench.measure import allocation
+from attnbench.measure.bandwidth import bandwidth_record
 from attnbench.measure.timing import measure
 
 __all__ = ["BUSY_LOAD_PER_CORE", "busy_machine", "gemm_peak_gflops", "gemm_peak_record",
@@ -189,7 +190,9 @@ def machine_record() -> dict:
         ``python``, ``numpy``, ``numba``, ``pandas``, ``threadpoolctl``, ``torch`` and
         ``numba_cuda`` (``None`` when not installed), ``hostname``, ``platform`` and
         ``machine``, and ``gemm_peak_probes`` (:func:`gemm_peak_record`: the GEMM peak
-        probes taken so far in this process), and ``attention_plan``
+        probes taken so far in this process), ``read_bandwidth_probes``
+        (:func:`attnbench.measure.bandwidth.bandwidth_record`: the read-bandwidth probes,
+        decoding's yardstick), and ``attention_plan``
         (:func:`kernels.attention_plan`: per dtype, the numba backend's tile-product path
         on this machine, ``"8x16"`` (the micro-kernel's register block), ``"blas"`` or
         ``"not planned"``; read when the record is made, never planned for it).
@@ -201,6 +204,7 @@ def machine_record() -> dict:
     installed metadata unless torch is already imported (importing it takes seconds).
     """
     return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record(),
+            "read_bandwidth_probes": bandwidth_record(),
             "attention_plan": kernels.attention_plan()}
 
 

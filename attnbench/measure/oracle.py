@@ -144,3 +144,22 @@ def max_abs_error(result: np.ndarray, exact: np.ndarray) -> float:
     if not (same_nan and same_inf and np.isfinite(result[finite]).all()):
         return float("inf")
     return float(np.max(np.abs(result - exact), where=finite, initial=0.0))
+
+
+def decode_oracle(problem):
+    """The oracle and baseline of a decode step (:class:`kernels._decode_problem.DecodeProblem`,
+    new tokens already in the cache): ``(exact, plain)``, each ``(out, lse)``.
+
+    As :func:`oracle_runs`: the reference decode (:mod:`kernels.reference.decode`, pages
+    gathered, then the literal formula) in the oracle dtype, not rounded; the baseline is
+    the farther of its two evaluations in the problem's dtype (the BLAS's scores, and
+    correctly rounded ones).
+    """
+    from kernels.reference import decode
+
+    wide = oracle_dtype(problem.dtype)
+    exact = decode.run(problem, compute_dtype=wide, keep_precision=True)
+    blas = decode.run(problem, compute_dtype=problem.dtype)
+    rounded = decode.run(problem, compute_dtype=problem.dtype, scores_from=wide)
+    plain = max((blas, rounded), key=lambda run: _baseline_error(exact[0], run[0]))
+    return exact, plain

@@ -134,3 +134,51 @@ def classify_cells(mod, B: int, H: int, Lq: int, Lk: int, cell_q: int, cell_k: i
         run_user_code(mod.user_names, loop, tile, mod.args(np.float64), table, Lq, Lk, cell_q,
                       cell_k)
     return table
+
+
+# --- at given query positions (decoding: q_idx = cache_seqlens[b] + Lnew - Lq + i) ---------
+
+
+@njit(parallel=True)
+def _dense_visible_at(element, args, q_positions, out):
+    B, H, Lq, Lk = out.shape
+    for bh in prange(B * H):
+        b, h = bh // H, bh % H
+        for i in range(Lq):
+            for j in range(Lk):
+                out[b, h, i, j] = element(b, h, q_positions[b, i], j, args)
+
+
+@njit
+def _dense_apply_at(element, args, q_positions, scores, out):
+    B, H, Lq, Lk = scores.shape
+    for b in range(B):
+        for h in range(H):
+            for i in range(Lq):
+                for j in range(Lk):
+                    out[b, h, i, j] = element(scores[b, h, i, j], b, h, q_positions[b, i], j,
+                                              args)
+
+
+def dense_visible_at(mod, H: int, q_positions: np.ndarray, Lk: int) -> np.ndarray:
+    """The mask ``mod`` on every pair, query row i of batch b at ``q_idx = q_positions[b,
+    i]``: bool (B, H, Lq, Lk).  For user functions (built-ins have their formulas)."""
+    positions = np.ascontiguousarray(q_positions, dtype=np.int64)  # (B, Lq)
+    out = np.empty(positions.shape[:1] + (H,) + positions.shape[1:] + (Lk,), dtype=np.bool_)
+    if out.size:
+        run_user_code(mod.user_names, _dense_visible_at, mod.element("cpu", np.float64),
+                      mod.args(np.float64), positions, out)
+    return out
+
+
+def dense_scores_at(mod, scores: np.ndarray, q_positions: np.ndarray, dtype=np.float64):
+    """``mod`` applied to every score (B, H, Lq, Lk), query row i of batch b at ``q_idx =
+    q_positions[b, i]``, evaluated in ``dtype`` (as :func:`dense_scores`)."""
+    work = np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.float64
+    out = np.array(scores, dtype=work, copy=True)
+    if out.size:
+        with np.errstate(all="ignore"):
+            run_user_code(mod.user_names, _dense_apply_at, mod.element("cpu", work),
+                          mod.args(work), np.ascontiguousarray(q_positions, dtype=np.int64),
+                          out, out)
+    return out.astype(scores.dtype, copy=False)

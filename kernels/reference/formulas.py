@@ -19,9 +19,11 @@ import numpy as np
 __all__ = ["score_grads", "scores", "visible"]
 
 
-def _positions(Lq: int, Lk: int):
-    """Query and key indices broadcast to (1, 1, Lq, Lk)."""
-    i = np.arange(Lq)[None, None, :, None]
+def _positions(Lq: int, Lk: int, q_positions=None):
+    """Query and key indices broadcast to (1, 1, Lq, Lk); with ``q_positions`` (B, Lq), the
+    queries' own positions (decoding: ``cache_seqlens[b] + Lnew - Lq + i``), (B, 1, Lq, 1)."""
+    i = np.arange(Lq)[None, None, :, None] if q_positions is None else (
+        np.asarray(q_positions)[:, None, :, None])
     j = np.arange(Lk)[None, None, None, :]
     return i, j
 
@@ -31,13 +33,19 @@ def _per_batch(values: np.ndarray, B: int) -> np.ndarray:
     return np.broadcast_to(values, (B,))[:, None, None, None]
 
 
-def visible(mod, B: int, H: int, Lq: int, Lk: int) -> np.ndarray:
-    """Mask function ``mod`` on every pair: bool (B, H, Lq, Lk), True = attend."""
+def visible(mod, B: int, H: int, Lq: int, Lk: int, q_positions=None) -> np.ndarray:
+    """Mask function ``mod`` on every pair: bool (B, H, Lq, Lk), True = attend.
+
+    ``q_positions`` (B, Lq), optional: the ``q_idx`` of each query row (default ``i``).
+    """
     formula = mod.formula
     if formula is None:  # a user function: its own code is its definition
+        if q_positions is not None:
+            from ..mods.dense import dense_visible_at
+            return dense_visible_at(mod, H, q_positions, Lk)
         return mod.dense(B, H, Lq, Lk)
     name, params = formula[0], formula[1:]
-    i, j = _positions(Lq, Lk)
+    i, j = _positions(Lq, Lk, q_positions)
     if name == "sliding_window":  # i - left <= j <= i + right
         left, right = params
         seen = (j >= i - left) & (j <= i + right)
@@ -47,37 +55,42 @@ def visible(mod, B: int, H: int, Lq: int, Lk: int) -> np.ndarray:
     elif name == "document":  # same document id
         (ids,) = params
         ids = np.broadcast_to(ids, (B, ids.shape[1]))
-        seen = ids[:, None, :, None] == ids[:, None, None, :]
+        ids_q = ids if q_positions is None else np.take_along_axis(ids, i[:, 0, :, 0], axis=1)
+        seen = ids_q[:, None, :, None] == ids[:, None, None, :Lk]
     elif name in ("and", "or"):
-        first, second = (visible(m, B, H, Lq, Lk) for m in params)
+        first, second = (visible(m, B, H, Lq, Lk, q_positions) for m in params)
         seen = (first & second) if name == "and" else (first | second)
     elif name == "block_mask":  # the same pairs as the mask it classified
-        seen = visible(params[0], B, H, Lq, Lk)
+        seen = visible(params[0], B, H, Lq, Lk, q_positions)
     else:
         raise ValueError(f"the reference has no definition of mask function {name!r}")
     return np.broadcast_to(seen, (B, H, Lq, Lk))
 
 
-def _relative_distance(table: np.ndarray, Lq: int, Lk: int) -> np.ndarray:
-    """Column of ``table`` (H, 2R+1) for each pair: clip(j - i, -R, R) + R, (Lq, Lk)."""
+def _relative_distance(table: np.ndarray, Lq: int, Lk: int, q_positions=None) -> np.ndarray:
+    """Column of ``table`` (H, 2R+1) for each pair: clip(j - i, -R, R) + R, (B or 1, Lq, Lk)."""
     R = (table.shape[1] - 1) // 2
-    i, j = _positions(Lq, Lk)
-    return np.clip(j - i, -R, R)[0, 0] + R
+    i, j = _positions(Lq, Lk, q_positions)
+    return np.clip(j - i, -R, R)[:, 0] + R
 
 
-def scores(mod, s: np.ndarray, compute_dtype=np.float64) -> np.ndarray:
+def scores(mod, s: np.ndarray, compute_dtype=np.float64, q_positions=None) -> np.ndarray:
     """Score function ``mod`` applied to the scaled scores ``s`` (B, H, Lq, Lk).
 
     Evaluated in the scores' dtype (``compute_dtype`` is what a user function is
-    evaluated in: the reference's compute dtype).
+    evaluated in: the reference's compute dtype).  ``q_positions`` (B, Lq), optional: the
+    ``q_idx`` of each query row (default ``i``).
     """
     formula = mod.formula
     if formula is None:
+        if q_positions is not None:
+            from ..mods.dense import dense_scores_at
+            return dense_scores_at(mod, s, q_positions, compute_dtype)
         return mod.dense(s, compute_dtype)
     name, params = formula[0], formula[1:]
     ct = s.dtype.type
     _, _, Lq, Lk = s.shape
-    i, j = _positions(Lq, Lk)
+    i, j = _positions(Lq, Lk, q_positions)
     if name == "alibi":  # s + slope[h] (j - i)
         slopes = params[0].astype(ct)[None, :, None, None]
         return s + slopes * (j - i).astype(ct)
@@ -86,10 +99,12 @@ def scores(mod, s: np.ndarray, compute_dtype=np.float64) -> np.ndarray:
         return cap * np.tanh(s / cap)
     if name == "relative_bias":  # s + table[h, clip(j - i, -R, R) + R]
         table = params[0].astype(ct)
-        return s + table[:, _relative_distance(table, Lq, Lk)][None]
+        columns = _relative_distance(table, Lq, Lk, q_positions)  # (B or 1, Lq, Lk)
+        return s + np.moveaxis(table[:, columns], 0, 1)  # (B or 1, H, Lq, Lk)
     if name == "chain":  # second(first(s))
         first, second = params
-        return scores(second, scores(first, s, compute_dtype), compute_dtype)
+        return scores(second, scores(first, s, compute_dtype, q_positions), compute_dtype,
+                      q_positions)
     raise ValueError(f"the reference has no definition of score function {name!r}")
 
 
