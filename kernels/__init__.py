@@ -48,6 +48,7 @@ from ._dispatch import (
 )
 from ._problem import AttentionProblem
 from ._validate import causal_offset
+from ._varlen_api import attention_varlen, attention_varlen_backward
 from .mha import MultiHeadAttention
 from .softmax import softmax
 
@@ -68,5 +69,7 @@ __all__ = [
     "cuda_simulator_enabled",
     "causal_offset",
     "BackendUnavailableError",
+    "attention_varlen",
+    "attention_varlen_backward",
 ]
 __version__ = "0.1.0"

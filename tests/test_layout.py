@@ -27,12 +27,12 @@ LAYERS = {
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
     "kernels._sinks": 0,
     "kernels._jit": 0,
-    "kernels.mods": 1,
+    "kernels.mods": 1, "kernels._varlen_problem": 1,
     "kernels._validate": 2,
     "kernels.reference": 3, "kernels.numba_cpu": 3, "kernels.cuda": 3,
     "kernels._dispatch": 4,
     "kernels._api": 5,
-    "kernels.multihead": 6, "kernels.mha": 7, "kernels.cuda_backend": 7,
+    "kernels.multihead": 6, "kernels._varlen_api": 6, "kernels.mha": 7, "kernels.cuda_backend": 7,
     "kernels": 8,
 }
 MAX_LINES = 400
@@ -42,7 +42,7 @@ KERNELS_ALL = [
     "attention", "attention_backward", "attention_plan", "plan", "plan_needed", "prepare",
     "mods", "softmax", "MultiHeadAttention", "AttentionProblem", "available_backends",
     "cuda_status", "has_real_gpu", "cuda_simulator_enabled", "causal_offset",
-    "BackendUnavailableError",
+    "BackendUnavailableError", "attention_varlen", "attention_varlen_backward",
 ]
 MODS_ALL = [
     "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias",
