@@ -339,7 +339,8 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
         dkf = np.zeros(problem.k.size, dtype=dtype)
         dvf = np.zeros(problem.v.size, dtype=dtype)
         args = (_by_sequence(problem.q, cu_q), _by_sequence(problem.k, cu_k),
-                _by_sequence(problem.v, cu_k), dof, _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
+                _by_sequence(problem.v, cu_k), dof,
+                _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
                 row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
                 ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas)
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
