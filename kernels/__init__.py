@@ -49,6 +49,7 @@ from ._dispatch import (
 )
 from ._problem import AttentionProblem
 from ._validate import causal_offset
+from ._varlen_api import attention_varlen, attention_varlen_backward
 from .kvcache import KVCache
 from .merge import merge_attention_states
 from .mha import MultiHeadAttention
@@ -74,5 +75,7 @@ __all__ = [
     "attention_with_kvcache",
     "merge_attention_states",
     "KVCache",
+    "attention_varlen",
+    "attention_varlen_backward",
 ]
 __version__ = "0.1.0"

@@ -7,10 +7,13 @@ through the one dispatch table (:mod:`kernels._dispatch`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ._dispatch import backward_module, module, resolve
 from ._problem import AttentionProblem, multiply_adds
+from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
 
 __all__ = ["attention", "attention_backward", "attention_plan", "plan", "plan_needed", "prepare"]
@@ -18,7 +21,7 @@ __all__ = ["attention", "attention_backward", "attention_plan", "plan", "plan_ne
 
 def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
               dropout_p=0.0, seed=None, backend="auto", return_weights=False,
-              return_lse=False, score_mod=None, mask_mod=None):
+              return_lse=False, score_mod=None, mask_mod=None, sinks=None):
     """Masked multi-head scaled dot-product attention, ``softmax(q kᵀ · scale + mask) v``.
 
     Semantics follow PyTorch's ``scaled_dot_product_attention`` where it has the feature.
@@ -66,6 +69,13 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), combined with the other
         masks; tiles it hides entirely are skipped.  E.g. ``kernels.mods.sliding_window``,
         ``document``, ``prefix_lm``, ``and_masks``, ``block_mask``.
+    sinks : ndarray, shape (H,), optional
+        Attention sinks: one finite logit per query head, in q's dtype and in the units of
+        the scaled scores after ``score_mod`` and the mask (neither applies to it), that
+        joins every row's softmax denominator and has no value:
+        ``out = Σ_j e^(s_j - m) v_j / (Σ_j e^(s_j - m) + e^(sink_h - m))``,
+        ``m = max(max_j s_j, sink_h)``.  ``lse`` and the weights include it; a row that
+        sees no key gets 0 and ``lse = sink_h``; dropout drops key weights only.
 
     Returns
     -------
@@ -94,11 +104,19 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     problem = prepare(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
-        score_mod=score_mod, mask_mod=mask_mod,
+        score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
     )
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = resolve(backend, problem)
+    if problem.sinks is not None and name != "reference":  # the kernel, then the sinks
+        out, weights, lse = module(name).run(replace(problem, sinks=None), return_lse=True)
+        out, lse, weights = merge_sinks(out, lse, problem.sinks, 1, weights)
+        result = (problem.restore(out),) + (
+            (problem.restore(weights),) if return_weights else ())
+        if return_lse:
+            return result + (problem.restore(lse[..., None])[..., 0],)
+        return result if return_weights else result[0]
     if return_lse:
         out, weights, lse = module(name).run(problem, return_lse=True)
         lse = problem.restore(lse[..., None])[..., 0]  # (..., H, Lq)
@@ -112,7 +130,7 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
 
 def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
             dropout_p=0.0, seed=None, return_weights=False, score_mod=None,
-            mask_mod=None) -> AttentionProblem:
+            mask_mod=None, sinks=None) -> AttentionProblem:
     """Validate the arguments of :func:`attention` and normalise them, without running it.
 
     For callers that need the problem a call describes (its shape, its visible pairs, its
@@ -124,6 +142,8 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         As :func:`attention`.
     causal, mask, key_lengths, scale, dropout_p, seed, return_weights, score_mod, mask_mod
         As :func:`attention` (every keyword of it except ``backend`` and ``return_lse``).
+    sinks : ndarray, shape (H,), optional
+        As :func:`attention`.
 
     Returns
     -------
@@ -154,7 +174,10 @@ def prepare(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed, return_weights=return_weights,
     )
-    return check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
+    problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
+    if sinks is None:
+        return problem
+    return replace(problem, sinks=check_sinks(sinks, problem.shape[1], problem.dtype))
 
 
 def plan(dtypes=("float32", "float64")) -> dict:
@@ -220,7 +243,7 @@ def attention_plan() -> dict:
 
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=None,
                        key_lengths=None, scale=None, dropout_p=0.0, seed=None, backend="auto",
-                       score_mod=None, mask_mod=None):
+                       score_mod=None, mask_mod=None, sinks=None):
     """Gradients of ``sum(dout * attention(q, k, v, ...))`` with respect to q, k and v.
 
     Parameters
@@ -244,6 +267,9 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
         gradient flows through ``score_mod`` by its derivative with respect to the score:
         built-ins carry theirs; a user function needs one
         (``kernels.mods.score_mod(fn, *arrays, grad=dfn)``).
+    sinks : ndarray, shape (H,), optional
+        As in :func:`kernels.attention`; ``out`` and ``lse`` must then be the forward's
+        with the same sinks.
 
     Returns
     -------
@@ -251,6 +277,9 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     dk : ndarray, shape of k
         Summed over the query heads that share each key/value head (GQA/MQA).
     dv : ndarray, shape of v
+    dsinks : ndarray, shape (H,)
+        Only when ``sinks`` are given: ``-Σ`` over batch and rows of
+        ``p_sink · rowsum(dout ∘ out)``, in q's dtype.
 
     Notes
     -----
@@ -286,12 +315,22 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
     if problem.score_mod is not None:
         problem.score_mod.grad("cpu", problem.dtype)  # ValueError naming it if it has none
+    sinks = check_sinks(sinks, problem.shape[1], problem.dtype)
     q_shape = np.shape(q)
     dout, out, lse = check_backward_args(problem, q_shape, dout, out, lse)
     name = resolve(backend, problem)
-    if name != "reference" and (out is None or lse is None):
-        out, _, lse = module(name).run(problem, return_lse=True)
-    dq, dk, dv = backward_module(name).run(problem, dout, out, lse)
+    if sinks is not None and name == "reference":
+        dq, dk, dv, dsinks = backward_module(name).run(replace(problem, sinks=sinks), dout)
+    else:
+        if name != "reference" and (out is None or lse is None):
+            out, _, lse = module(name).run(problem, return_lse=True)
+            if sinks is not None:
+                out, lse, _ = merge_sinks(out, lse, sinks, 1)
+        kernel_lse = lse if sinks is None else keys_only_lse(lse, sinks, 1)
+        dq, dk, dv = backward_module(name).run(problem, dout, out, kernel_lse)
+        if sinks is not None:
+            dsinks = sink_gradient(dout, out, lse, sinks, 1)
     k_lead = np.shape(k)[:-1]  # dk and dv take k's and v's shapes (any rank)
-    return (problem.restore(dq), dk.reshape(k_lead + dk.shape[-1:]),
-            dv.reshape(k_lead + dv.shape[-1:]))
+    grads = (problem.restore(dq), dk.reshape(k_lead + dk.shape[-1:]),
+             dv.reshape(k_lead + dv.shape[-1:]))
+    return grads if sinks is None else grads + (dsinks,)

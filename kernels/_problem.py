@@ -47,6 +47,7 @@ class AttentionProblem:
     return_weights: bool
     score_mod: object = None  # kernels.mods.ScoreMod applied to the scaled scores, or None
     mask_mod: object = None  # kernels.mods.MaskMod (True = attend), or None
+    sinks: np.ndarray | None = None  # (H,) sink logits in q.dtype (kernels._sinks), or None
 
     @property
     def work(self) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 from . import multihead
 from ._api import attention, attention_backward
 from ._validate import SUPPORTED_DTYPES
+from ._varlen_api import attention_varlen, attention_varlen_backward
 
 
 def _positive_int(name, value):
@@ -39,6 +40,9 @@ class MultiHeadAttention:
     seed : int, default 0
         Seed of the generator the weights are drawn from (Xavier-uniform, as PyTorch's
         ``nn.MultiheadAttention``; biases start at 0, as there).
+    sinks : bool, default False
+        Learn an attention sink per query head (``parameters()["sinks"]``, shape
+        (n_heads,), starting at 0): see ``sinks=`` of :func:`kernels.attention`.
 
     Notes
     -----
@@ -46,7 +50,8 @@ class MultiHeadAttention:
     (d_model, n_kv_heads · d_head), ``W_o`` is (d_model, d_model).
     """
 
-    def __init__(self, d_model, n_heads, n_kv_heads=None, bias=True, dtype=np.float32, seed=0):
+    def __init__(self, d_model, n_heads, n_kv_heads=None, bias=True, dtype=np.float32, seed=0,
+                 sinks=False):
         self.d_model = _positive_int("d_model", d_model)
         self.n_heads = _positive_int("n_heads", n_heads)
         self.n_kv_heads = _positive_int("n_kv_heads", n_heads if n_kv_heads is None else n_kv_heads)
@@ -75,6 +80,8 @@ class MultiHeadAttention:
             )
             if self.bias:
                 self._params[f"b_{name}"] = np.zeros(fan_out, dtype=self.dtype)
+        if sinks:
+            self._params["sinks"] = np.zeros(self.n_heads, dtype=self.dtype)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The parameter arrays themselves (not copies), by name: W_q, b_q, W_k, ..."""
@@ -85,12 +92,12 @@ class MultiHeadAttention:
         return int(sum(p.size for p in self._params.values()))
 
     def forward(self, x, *, causal=None, mask=None, key_lengths=None, score_mod=None,
-                mask_mod=None, backend="auto", cache=None):
+                mask_mod=None, backend="auto", cache=None, cu_seqlens=None):
         """Self-attention of ``x``; with ``cache``, one decode step against a KV cache.
 
         Parameters
         ----------
-        x : ndarray, shape (..., L, d_model)
+        x : ndarray, shape (..., L, d_model), or (total, d_model) with ``cu_seqlens``
             In the module's dtype; with ``cache``, the new tokens (B, Lnew, d_model).
         causal, mask, key_lengths, score_mod, mask_mod, backend
             As in :func:`kernels.attention`; ``mask`` broadcasts to (..., n_heads, L, L);
@@ -101,7 +108,11 @@ class MultiHeadAttention:
             The keys and values of earlier tokens: ``x``'s keys and values are appended
             to it, the new queries attend to every cached token (as
             :func:`kernels.attention_with_kvcache`) and the cache advances.  Not with
-            ``mask`` or ``key_lengths``.
+            ``mask``, ``key_lengths``, ``cu_seqlens`` or a module with sinks.
+        cu_seqlens : array_like of int, shape (B + 1,), optional
+            ``x`` is a packed batch of sequences (:func:`kernels.attention_varlen`):
+            sequence b is rows ``cu_seqlens[b]:cu_seqlens[b + 1]``; no ``mask`` or
+            ``key_lengths`` then.
 
         Returns
         -------
@@ -115,17 +126,39 @@ class MultiHeadAttention:
             )
         if x.ndim < 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
+        sinks = self._params.get("sinks")
         if cache is not None:
-            if mask is not None or key_lengths is not None:
-                raise ValueError("mask and key_lengths do not go with cache (the cache's "
-                                 "seqlens say which keys exist)")
+            if mask is not None or key_lengths is not None or cu_seqlens is not None:
+                raise ValueError("mask, key_lengths and cu_seqlens do not go with cache (the "
+                                 "cache's seqlens say which keys exist)")
+            if sinks is not None:
+                raise ValueError("a MultiHeadAttention with sinks cannot decode with cache: "
+                                 "kernels.attention_with_kvcache takes no sinks yet")
             return self._decode_step(x, cache, causal=True if causal is None else causal,
                                      score_mod=score_mod, mask_mod=mask_mod, backend=backend)
+        causal = False if causal is None else causal
+        if cu_seqlens is not None:
+            q, k, v = self._packed_heads(x, mask, key_lengths)
+            heads = attention_varlen(q, k, v, cu_seqlens, cu_seqlens, causal=causal,
+                                     score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
+                                     backend=backend)  # (total, H, d_head)
+            return multihead.project(heads.reshape(x.shape), self._params, "o")
         return multihead.multihead_fused(
             x, self._params, self.n_heads, self.n_kv_heads, backend=backend,
-            causal=False if causal is None else causal, mask=mask, key_lengths=key_lengths,
-            score_mod=score_mod, mask_mod=mask_mod,
+            causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
+            mask_mod=mask_mod, **({} if sinks is None else {"sinks": sinks}),
         )
+
+    def _packed_heads(self, x, mask, key_lengths):
+        """q (total, H, d_head), k and v (total, Hkv, d_head) of a packed x (total, d_model)."""
+        if x.ndim != 2:
+            raise ValueError(f"x with cu_seqlens must have shape (total, d_model); got {x.shape}")
+        if mask is not None or key_lengths is not None:
+            raise ValueError("mask and key_lengths do not apply to packed x (cu_seqlens)")
+        total = x.shape[0]
+        return tuple(multihead.project(x, self._params, name).reshape(total, heads, self.d_head)
+                     for name, heads in (("q", self.n_heads), ("k", self.n_kv_heads),
+                                         ("v", self.n_kv_heads)))
 
     __call__ = forward
 
@@ -146,7 +179,7 @@ class MultiHeadAttention:
         return multihead.project(multihead.merge_heads(heads), p, "o")
 
     def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, score_mod=None,
-                 mask_mod=None, backend="auto"):
+                 mask_mod=None, backend="auto", cu_seqlens=None):
         """Gradients of ``sum(dy * forward(x, ...))`` with respect to x and every parameter.
 
         Recomputes the forward (projections, then attention with its log-sum-exp) and runs
@@ -160,7 +193,7 @@ class MultiHeadAttention:
             The input ``forward`` was called with, in the module's dtype.
         dy : ndarray, shape (..., L, d_model)
             Gradient of the loss with respect to ``forward(x)``.
-        causal, mask, key_lengths, score_mod, mask_mod, backend
+        causal, mask, key_lengths, score_mod, mask_mod, backend, cu_seqlens
             The keywords ``forward`` was called with (a score function needs its
             derivative, as in :func:`kernels.attention_backward`).
 
@@ -183,22 +216,37 @@ class MultiHeadAttention:
             raise ValueError(f"dy must have the shape of forward(x), {x.shape}; got {dy.shape}")
         params = self._params
         H, Hkv = self.n_heads, self.n_kv_heads
-        q = multihead.split_heads(multihead.project(x, params, "q"), H)  # (..., H, L, d_head)
-        k = multihead.split_heads(multihead.project(x, params, "k"), Hkv)  # (..., Hkv, L, d_head)
-        v = multihead.split_heads(multihead.project(x, params, "v"), Hkv)
-        keywords = dict(causal=causal, mask=mask, key_lengths=key_lengths, score_mod=score_mod,
-                        mask_mod=mask_mod, backend=backend)
-        heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
-        concat = multihead.merge_heads(heads)  # (..., L, H*d_head)
+        keywords = dict(causal=causal, score_mod=score_mod, mask_mod=mask_mod, backend=backend)
+        if params.get("sinks") is not None:
+            keywords["sinks"] = params["sinks"]
+        if cu_seqlens is not None:  # packed: heads (total, H, d_head), no reshapes
+            q, k, v = self._packed_heads(x, mask, key_lengths)
+            heads, lse = attention_varlen(q, k, v, cu_seqlens, cu_seqlens, return_lse=True,
+                                          **keywords)
+            concat = heads.reshape(x.shape)
+            d_heads = (dy @ params["W_o"].T).reshape(heads.shape)
+            dqkv = attention_varlen_backward(q, k, v, d_heads, cu_seqlens, cu_seqlens,
+                                             out=heads, lse=lse, **keywords)
+            merge = lambda d: d.reshape(d.shape[0], -1)  # noqa: E731 (total, width)
+        else:
+            keywords.update(mask=mask, key_lengths=key_lengths)
+            q = multihead.split_heads(multihead.project(x, params, "q"), H)  # (..., H, L, d_head)
+            k = multihead.split_heads(multihead.project(x, params, "k"), Hkv)
+            v = multihead.split_heads(multihead.project(x, params, "v"), Hkv)
+            heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
+            concat = multihead.merge_heads(heads)  # (..., L, H*d_head)
+            d_heads = multihead.split_heads(dy @ params["W_o"].T, H)
+            dqkv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
+            merge = multihead.merge_heads
 
         rows = x.reshape(-1, self.d_model)  # (N, d_model), N = all tokens
         d_rows = dy.reshape(-1, self.d_model)
         grads = {"W_o": concat.reshape(-1, concat.shape[-1]).T @ d_rows}
-        d_heads = multihead.split_heads(d_rows.reshape(dy.shape) @ params["W_o"].T, H)
-        dq, dk, dv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
+        if len(dqkv) == 4:
+            grads["sinks"] = dqkv[3]
         dx = np.zeros_like(x)
-        for name, d_proj in (("q", dq), ("k", dk), ("v", dv)):
-            d_lin = multihead.merge_heads(d_proj)  # (..., L, width)
+        for name, d_proj in zip(("q", "k", "v"), dqkv[:3], strict=True):
+            d_lin = merge(d_proj)  # (..., L, width)
             d_lin_rows = d_lin.reshape(-1, d_lin.shape[-1])
             grads[f"W_{name}"] = rows.T @ d_lin_rows
             if self.bias:

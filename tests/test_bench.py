@@ -169,7 +169,7 @@ def test_variants_section_rows(grad_and_variants):
     assert set(rows.index) == {
         "window: causal", "window: causal + window left=16", "block_mask: window",
         "documents: plain", "documents: 8 documents", "block_mask: documents",
-        "scores: plain", "scores: alibi", "scores: softcap",
+        "scores: plain", "scores: alibi", "scores: softcap", "scores: sinks",
         "window backward: causal", "window backward: causal + window left=16"}
     assert (rows["status"] == "ok").all() and (rows["median_ms"] > 0).all()
     # GFLOP/s from the visible pairs: the window keeps min(i, 16) + 1 keys of query i
@@ -192,7 +192,7 @@ def test_targets_of_the_new_sections(grad_and_variants):
     new = ["backward numba / torch, non-causal", "backward numba / torch, causal",
            "causal speed-up of the backward", "backward / forward time (numba)",
            "extra memory of one backward call", "sliding window speed-up",
-           "documents speed-up", "ALiBi / plain", "softcap / plain"]
+           "documents speed-up", "ALiBi / plain", "softcap / plain", "sinks / plain"]
     assert set(new) <= set(targets.index)
     assert "numba / numpy" not in targets.index  # no forward section ran: no forward target
     if not peers.peer_status("torch")[0]:

@@ -26,14 +26,15 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 #: for a backend) or a lower one.  Modules not named sit where their prefix does.
 LAYERS = {
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
-    "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0,
-    "kernels.mods": 1,
+    "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0, "kernels._sinks": 0,
+    "kernels.mods": 1, "kernels._varlen_problem": 1,
     "kernels._validate": 2,
     "kernels._decode_validate": 2.5,  # the decode checks, on the forward's (scale, dtypes)
     "kernels.reference": 3, "kernels.numba_cpu": 3, "kernels.cuda": 3,
     "kernels._dispatch": 4,
     "kernels._api": 5, "kernels._decode_api": 5,
-    "kernels.multihead": 6, "kernels.kvcache": 6, "kernels.mha": 7, "kernels.cuda_backend": 7,
+    "kernels.multihead": 6, "kernels.kvcache": 6, "kernels._varlen_api": 6, "kernels.mha": 7,
+    "kernels.cuda_backend": 7,
     "kernels": 8,
 }
 MAX_LINES = 400
@@ -46,6 +47,8 @@ KERNELS_ALL = [
     "BackendUnavailableError",
     # issue 23 (decoding with a KV cache)
     "attention_with_kvcache", "merge_attention_states", "KVCache",
+    # issue 24 (packed batches)
+    "attention_varlen", "attention_varlen_backward",
 ]
 MODS_ALL = [
     "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias",

@@ -22,7 +22,7 @@ COLUMNS = (
 )
 #: Sections of ``attnbench bench``, in the order they run (``--only`` picks some).
 SECTIONS = ("speed", "peak", "float64", "memory", "tiny", "causal", "padding", "parallel",
-            "backward", "variants", "decode", "startup")
+            "backward", "variants", "decode", "varlen", "startup")
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
 
@@ -61,6 +61,8 @@ class BenchConfig:
     decode_length: int = 32768  # cache of the decode section's B=1 points (attnbench.bench.decode)
     decode_batch_length: int = 4096  # ... of its B=8 point
     decode_mqa_length: int = 65536  # ... of its MQA num_splits point
+    varlen_lengths: tuple[int, ...] = (4096, 2048, 1024, 512, 256, 128, 64, 32)  # packed
+    sinks_length: int = 4096  # L of sinks vs plain (forward and backward)
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
@@ -75,7 +77,8 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
                     startup_runs=1, backward_lengths=(256, 512), backward_memory_length=2048,
                     window_length=4096, documents_length=2048, score_length=1024,
                     window_backward_length=2048, decode_length=4096, decode_batch_length=1024,
-                    decode_mqa_length=8192, quick=True)
+                    decode_mqa_length=8192, varlen_lengths=(1024, 512, 256, 128, 64, 32, 16, 8),
+                    sinks_length=1024, quick=True)
 
 
 def config_from_args(args) -> BenchConfig:

@@ -140,4 +140,6 @@ def variant_targets(table: pd.DataFrame, config) -> list[dict]:
                at_most=True),
         target("softcap / plain", "non-causal", "scores: softcap", "scores: plain", 1.3,
                at_most=True),
+        target("sinks / plain", "non-causal", "scores: sinks", "scores: plain", 1.05,
+               at_most=True),
     ]

@@ -45,6 +45,8 @@ flatter numba.  Sections of the table (column ``section``; ``--only`` runs some)
   the extra memory of one backward call (:mod:`attnbench.bench.backward`);
 - ``variants``: sliding window, documents, ALiBi and softcap against the plain call
   (:mod:`attnbench.bench.variants`);
+- ``varlen``: packed variable-length batches against the dense calls and the padded call,
+  and sinks against the plain call (:mod:`attnbench.bench.varlen`);
 - ``startup``: a new Python process, Numba's cache warm: ``import kernels`` and the first
   call (of the parallel kernel), timed inside the process; the whole process beside it.
 
@@ -86,6 +88,7 @@ from attnbench.bench.sections import (
 )
 from attnbench.bench.targets import targets_table
 from attnbench.bench.variants import variants_section
+from attnbench.bench.varlen import varlen_section
 from attnbench.measure import peers
 from attnbench.measure.machine import (
     gemm_peak_gflops,
@@ -153,6 +156,8 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
         rows += variants_section(config, threads, progress)
     if "decode" in run:
         rows += decode_section(config, threads, progress)
+    if "varlen" in run:
+        rows += varlen_section(config, threads, progress)
     return rows
 
 

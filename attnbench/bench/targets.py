@@ -8,6 +8,7 @@ import pandas as pd
 from attnbench.bench.config import FLOOR, TARGET_COLUMNS, BenchConfig
 from attnbench.bench.decode import decode_targets
 from attnbench.bench.interval_targets import backward_targets, variant_targets
+from attnbench.bench.varlen import varlen_targets
 from attnbench.measure.timing import fault
 
 # --- the targets ------------------------------------------------------------------------------
@@ -31,12 +32,15 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
                         "met": met, "note": note + quick})
 
-    if set(config.sections) - {"backward", "variants", "decode"}:  # a forward section ran
+    if set(config.sections) - {"backward", "variants", "decode", "varlen"}:  # a forward section ran
         _forward_targets(table, config, add)
     if "backward" in config.sections:
         for target in backward_targets(table, config.causal):
             add(target["target"], target["shape"], target["measured"], target["goal"],
                 target["met"], target["note"])
+    for target in varlen_targets(table, config) if "varlen" in config.sections else ():
+        add(target["target"], target["shape"], target["measured"], target["goal"],
+            target["met"], target["note"])
     if "variants" in config.sections:
         for target in variant_targets(table, config):
             add(target["target"], target["shape"], target["measured"], target["goal"],

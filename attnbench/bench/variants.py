@@ -6,8 +6,8 @@ Four groups, each timed in interleaved rounds (numba backend, float32, B=1, H=12
   call without the window, at ``window_length``;
 - ``documents``: ``mods.document`` with ``n_documents`` equal documents, non-causal,
   against the plain non-causal call, at ``documents_length``;
-- ``scores``: ``mods.alibi`` and ``mods.softcap`` against the plain non-causal call, at
-  ``score_length``;
+- ``scores``: ``mods.alibi``, ``mods.softcap`` and attention sinks (``sinks=``) against
+  the plain non-causal call, at ``score_length``;
 - ``window backward``: the backward pass (``out`` and ``lse`` given, the forward not
   timed) with ``sliding_window(window_left)`` and ``causal=True`` against the causal
   backward alone, at ``window_backward_length`` (no target: the numba backward skips the
@@ -97,7 +97,8 @@ def variants_section(config: BenchConfig, threads: int,
     slopes = np.resize(ALIBI_SLOPES, config.heads)
     rows += _forward_group(config, "scores", L, threads, False, {
         "plain": {}, "alibi": {"score_mod": mods.alibi(slopes)},
-        "softcap": {"score_mod": mods.softcap(SOFTCAP)}})
+        "softcap": {"score_mod": mods.softcap(SOFTCAP)},
+        "sinks": {"sinks": np.linspace(-2, 2, config.heads).astype(np.float32)}})
 
     L = config.window_backward_length
     progress(f"variants window left={left} causal backward vs causal backward, L={L}")

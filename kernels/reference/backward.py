@@ -28,7 +28,7 @@ import numpy as np
 from .._dropout import keep_mask
 from .._problem import AttentionProblem
 from . import formulas
-from .forward import _softmax_visible, _weighted_values
+from .forward import _logsumexp_visible, _softmax_visible, _weighted_values, sink_logits
 
 
 def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.float64,
@@ -56,6 +56,8 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
     dq : ndarray, shape (B, H, Lq, D)
     dk : ndarray, shape (B, Hkv, Lk, D)
     dv : ndarray, shape (B, Hkv, Lk, Dv)
+    dsinks : ndarray, shape (H,)
+        Only when the problem has sinks: ``-Σ_{b,i} p_sink · rowsum(dO ∘ O)``.
 
     Notes
     -----
@@ -87,7 +89,8 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
             scores = formulas.scores(problem.score_mod, scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
-        probs = _softmax_visible(scores, visible)  # P, (B, H, Lq, Lk)
+        sinks = sink_logits(problem, ct)  # (1, H, 1, 1) or None
+        probs = _softmax_visible(scores, visible, sinks)  # P, (B, H, Lq, Lk)
         keep_scale = np.ones_like(probs)  # Z · κ
         if problem.dropout_p > 0:
             keep = keep_mask(problem.seed, problem.dropout_p, (B, H, Lq, Lk))
@@ -112,7 +115,13 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
     dv = dv.reshape(B, Hkv, group, Lk, Dv).sum(axis=2)
 
     dtype = ct if keep_precision else problem.dtype
-    return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
+    grads = dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
+    if sinks is None:
+        return grads
+    # d/d sink of the loss: the sink's weight p_sink = exp(sink - lse) times -rowsum(dO ∘ O).
+    lse = _logsumexp_visible(scores, visible, sinks)  # (B, H, Lq), the sink included
+    d_sinks = -(np.exp(sinks[..., 0] - lse) * row_dot).sum(axis=(0, 2))  # (H,)
+    return grads + (d_sinks.astype(dtype),)
 
 
 def _score_grad(score_mod, scores: np.ndarray) -> np.ndarray:

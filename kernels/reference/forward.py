@@ -19,14 +19,22 @@ from .._problem import AttentionProblem
 from . import formulas
 
 
-def _softmax_visible(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
-    """Row softmax over the visible entries; rows with no visible entry are all 0."""
+def _softmax_visible(scores: np.ndarray, visible: np.ndarray, sinks=None) -> np.ndarray:
+    """Row softmax over the visible entries; rows with no visible entry are all 0.
+
+    ``sinks`` (broadcastable to the rows, e.g. (1, H, 1, 1)): a logit per row that joins
+    the denominator and has no weight of its own (:mod:`kernels._sinks`).
+    """
     scores = np.where(visible, scores, -np.inf)
     any_visible = visible.any(axis=-1, keepdims=True)
     zero = scores.dtype.type(0)
     row_max = np.where(any_visible, scores.max(axis=-1, keepdims=True, initial=-np.inf), zero)
+    if sinks is not None:  # m = max(max_j s_j, sink)
+        row_max = np.where(any_visible, np.maximum(row_max, sinks), sinks)
     exp = np.where(visible, np.exp(scores - row_max), zero)
     denom = exp.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + np.exp(sinks - row_max)
     return np.divide(exp, denom, out=np.zeros_like(exp), where=denom != 0)  # NaN stays NaN
 
 
@@ -46,14 +54,30 @@ def _weighted_values(probs: np.ndarray, visible: np.ndarray, v: np.ndarray) -> n
     return out
 
 
-def _logsumexp_visible(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
-    """``log Σ_j exp(scores)`` over the visible entries of each row; ``-inf`` if none."""
+def _logsumexp_visible(scores: np.ndarray, visible: np.ndarray, sinks=None) -> np.ndarray:
+    """``log Σ_j exp(scores)`` over the visible entries of each row; ``-inf`` if none.
+
+    With ``sinks`` (broadcastable to the rows, e.g. (1, H, 1, 1)) each row's sum also has
+    ``exp(sink)``: a row that sees no key gets its sink.
+    """
     scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)
+    if sinks is not None:
+        row_max = np.maximum(row_max, sinks)
     shift = np.where(np.isfinite(row_max), row_max, scores.dtype.type(0))
     with np.errstate(divide="ignore"):
-        total = np.log(np.where(visible, np.exp(scores - shift), 0).sum(axis=-1))
+        exp_sum = np.where(visible, np.exp(scores - shift), 0).sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            exp_sum = exp_sum + np.exp(sinks - shift)
+        total = np.log(exp_sum[..., 0])
     return total + shift[..., 0]
+
+
+def sink_logits(problem: AttentionProblem, ct):
+    """The problem's sinks as (1, H, 1, 1) in ``ct``, or None."""
+    if problem.sinks is None:
+        return None
+    return problem.sinks.astype(ct)[None, :, None, None]
 
 
 def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False,
@@ -100,7 +124,8 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
     visible = problem.visible(formulas.visible)  # (B, H, Lq, Lk)
-    weights = _softmax_visible(scores, visible)  # (B, H, Lq, Lk)
+    sinks = sink_logits(problem, ct)  # (1, H, 1, 1) or None
+    weights = _softmax_visible(scores, visible, sinks)  # (B, H, Lq, Lk)
 
     probs = weights
     if problem.dropout_p > 0:
@@ -111,5 +136,5 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
     dtype = ct if keep_precision else problem.dtype
     result = out.astype(dtype), (weights.astype(dtype) if problem.return_weights else None)
     if return_lse:
-        return result + (_logsumexp_visible(scores, visible).astype(dtype),)
+        return result + (_logsumexp_visible(scores, visible, sinks).astype(dtype),)
     return result

@@ -1,0 +1,369 @@
+"""The ``numba`` backend of :func:`kernels.attention_varlen` and its backward: packed
+variable-length batches, no padded row or key computed.
+
+The packed arrays (total, H, D) are transposed once to (H, total, D) (an O(total · H · D)
+copy), so a sequence's head is a contiguous run of rows.  A task is (sequence, head,
+block of query rows) in the forward and (sequence, kv head, block of keys) in the
+backward; it runs the dense kernels' own block functions (``forward._attend_block``,
+``backward._key_block``) on a 4-D view of its sequence whose batch axis has stride 0, so
+that batch index b (the sequence index, which the mods and the dropout hash receive)
+addresses that sequence's rows.  The tasks are dealt to the threads by their work
+(visible pairs), longest first (LPT), one bin per thread: the total work is
+Σ_b Lq_b · Lk_b (halved by causal masks), whatever the lengths.
+
+Without mods and dropout nothing reads the batch index but the arrays: then the packed
+arrays are copied sequence after sequence, each (H, L_b, D) contiguous, and a task runs on
+its sequence's (1, H, L_b, D) block with b = 0 (C-contiguous: the BLAS reads the tiles in
+place).  With mods or dropout the (H, total, D) views above are used; they are not
+C-contiguous in Numba's typing, so each tile product copies its operands before the BLAS
+call (measured ~1.4x the dense call's time on one thread).  The micro-kernel path
+(:mod:`kernels.numba_cpu.micro`) is not used here: where the planner chose it for dense
+calls, varlen runs on the BLAS tiles.  Sinks are merged after the kernel by the API, as
+for the dense call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from contextlib import contextmanager, nullcontext
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .._dropout import dropout_threshold
+from .._jit.launch import launch_guard, single_threaded_blas
+from .._varlen_problem import VarlenProblem
+from ..mods import cache as mods_cache
+from ..mods.dense import run_user_code
+from ..mods.lowering import user_names
+from . import config
+from . import mods as cpu_mods
+from .backward import _key_block
+from .forward import _attend_block, _attend_block_user, _calling, mod_functions
+from .mods import mask_block_rows
+
+
+@njit(cache=True)
+def _rows(x, start, stop, n_seq):
+    """(H, total, D) -> (n_seq, H, stop - start, D): every batch index is rows [start, stop)."""
+    part = x[:, start:stop]
+    return np.lib.stride_tricks.as_strided(
+        part, shape=(n_seq, part.shape[0], part.shape[1], part.shape[2]),
+        strides=(0, part.strides[0], part.strides[1], part.strides[2]))
+
+
+@njit(cache=True)
+def _rows_lse(x, start, stop, n_seq):
+    """(H, total) -> (n_seq, H, stop - start), as :func:`_rows`."""
+    part = x[:, start:stop]
+    return np.lib.stride_tricks.as_strided(
+        part, shape=(n_seq, part.shape[0], part.shape[1]),
+        strides=(0, part.strides[0], part.strides[1]))
+
+
+def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scale, threshold,
+             keep_scale, seed, ot, lset, block_k, narrow_k, blas,
+             mask_fn, tile_fn, mask_args, score_fn, score_args):
+    n_seq = cu_q.shape[0] - 1
+    mask = np.zeros(1, dtype=qt.dtype)  # no dense mask: has_mask is False
+    mask_strides = np.zeros(4, dtype=np.int64)
+    weights = np.empty((1, 1, 1, 1), dtype=qt.dtype)
+    for t in prange(bins.shape[0]):  # one bin of tasks per thread
+        for n in range(bins.shape[1]):
+            b = bins[t, n, 0]
+            if b < 0:
+                break
+            h, i0, i1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
+            _attend_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
+                          _rows(vt, k0, k1, n_seq), mask, mask_strides, False, lengths_k,
+                          causal, offset, scale, threshold, keep_scale, seed,
+                          _rows(ot, q0, q1, n_seq), weights, False, b, h, i0, i1, block_k,
+                          narrow_k, blas, _rows_lse(lset, q0, q1, n_seq),
+                          mask_fn, tile_fn, mask_args, score_fn, score_args)
+
+
+def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_right, scale,
+              threshold, keep_scale, seed, dq_parts, dkt, dvt, block_q, blas,
+              mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
+    n_seq = cu_q.shape[0] - 1
+    mask = np.zeros(1, dtype=qt.dtype)
+    mask_strides = np.zeros(4, dtype=np.int64)
+    for t in prange(bins.shape[0]):  # one bin per thread; its own copy of dq
+        for n in range(bins.shape[1]):
+            b = bins[t, n, 0]
+            if b < 0:
+                break
+            hk, j0, j1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
+            _key_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
+                       _rows(vt, k0, k1, n_seq), _rows(dot, q0, q1, n_seq),
+                       _rows_lse(lset, q0, q1, n_seq), _rows_lse(row_dot, q0, q1, n_seq),
+                       mask, mask_strides, False, causal, offset, scale, threshold,
+                       keep_scale, seed, _rows(dq_parts[t], q0, q1, n_seq),
+                       _rows(dkt, k0, k1, n_seq), _rows(dvt, k0, k1, n_seq),
+                       b, hk, j0, j1, block_q, blas,
+                       mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
+
+
+def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
+                  scale, threshold, keep_scale, seed, block_k, narrow_k, blas):
+    H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
+    mask = np.zeros(1, dtype=qf.dtype)
+    mask_strides = np.zeros(4, dtype=np.int64)
+    weights = np.empty((1, 1, 1, 1), dtype=qf.dtype)
+    for t in prange(bins.shape[0]):
+        for n in range(bins.shape[1]):
+            b = bins[t, n, 0]
+            if b < 0:
+                break
+            h, i0, i1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
+            _attend_block(qf[H * D * q0:H * D * q1].reshape((1, H, q1 - q0, D)),
+                          kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, k1 - k0, D)),
+                          vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, k1 - k0, Dv)),
+                          mask, mask_strides, False, lengths_k[b:b + 1], causal, offset, scale,
+                          threshold, keep_scale, seed,
+                          of[H * Dv * q0:H * Dv * q1].reshape((1, H, q1 - q0, Dv)), weights,
+                          False, 0, h, i0, i1, block_k, narrow_k, blas,
+                          lf[H * q0:H * q1].reshape((1, H, q1 - q0)),
+                          None, None, None, None, None)
+
+
+def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_right,
+                   scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas):
+    H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
+    mask = np.zeros(1, dtype=qf.dtype)
+    mask_strides = np.zeros(4, dtype=np.int64)
+    for t in prange(bins.shape[0]):
+        for n in range(bins.shape[1]):
+            b = bins[t, n, 0]
+            if b < 0:
+                break
+            hk, j0, j1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            Lq, Lk = q1 - q0, k1 - k0
+            offset = Lk - Lq if bottom_right else 0
+            _key_block(qf[H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
+                       kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
+                       vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
+                       dof[H * Dv * q0:H * Dv * q1].reshape((1, H, Lq, Dv)),
+                       lf[H * q0:H * q1].reshape((1, H, Lq)), rf[H * q0:H * q1].reshape((1, H, Lq)),
+                       mask, mask_strides, False, causal, offset, scale, threshold,
+                       keep_scale, seed, dq_parts[t, H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
+                       dkf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
+                       dvf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
+                       0, hk, j0, j1, block_q, blas, None, None, None, None, None, None)
+
+
+FORWARD_FLAT = njit(parallel=True, cache=True)(_forward_flat)
+BACKWARD_FLAT = njit(parallel=True, cache=True)(_backward_flat)
+FORWARD = njit(parallel=True, cache=True)(_forward)
+FORWARD_USER = njit(parallel=True)(_calling(FORWARD, _attend_block_user))
+BACKWARD = njit(parallel=True, cache=True)(_backward)
+BACKWARD_USER = njit(parallel=True)(_backward)
+
+
+@contextmanager
+def _quiet():
+    """Without Numba's warning, at compile time, that the BLAS is faster on contiguous
+    arrays: the views are strided by design (see the module); their products copy tiles."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", numba.NumbaPerformanceWarning)
+        yield
+
+
+def deal(tasks: list, costs: list, threads: int) -> np.ndarray:
+    """Tasks (4 ints each) in ``threads`` bins of about equal cost, longest first (LPT):
+    int64 (threads, most tasks in a bin, 4), padded with -1."""
+    bins = [[] for _ in range(max(threads, 1))]
+    heap = [(0, n) for n in range(len(bins))]
+    for index in np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable"):
+        load, n = heapq.heappop(heap)
+        bins[n].append(tasks[index])
+        heapq.heappush(heap, (load + costs[index], n))
+    table = np.full((len(bins), max(1, max(len(b) for b in bins)), 4), -1, dtype=np.int64)
+    for n, b in enumerate(bins):
+        if b:
+            table[n, :len(b)] = b
+    return table
+
+
+def _query_tasks(problem: VarlenProblem, block_q: int):
+    H = problem.heads[0]
+    tasks, costs = [], []
+    for b, (Lq, Lk) in enumerate(zip(problem.lengths_q, problem.lengths_k, strict=True)):
+        offset = problem.offset(b)
+        for i0 in range(0, int(Lq), block_q):
+            i1 = min(i0 + block_q, int(Lq))
+            keys = Lk if offset is None else min(Lk, max(i1 + offset, 0))
+            for h in range(H):
+                tasks.append((b, h, i0, i1))
+                costs.append((i1 - i0) * (keys + 1))
+    return tasks, costs
+
+
+def _key_tasks(problem: VarlenProblem, block_k: int):
+    H, Hkv = problem.heads[:2]
+    tasks, costs = [], []
+    for b, (Lq, Lk) in enumerate(zip(problem.lengths_q, problem.lengths_k, strict=True)):
+        offset = problem.offset(b)
+        end = int(Lk) if offset is None else min(int(Lk), int(Lq) + offset)
+        for j0 in range(0, max(end, 0), block_k):
+            rows = Lq if offset is None else Lq - max(j0 - offset, 0)
+            for hk in range(Hkv):
+                tasks.append((b, hk, j0, min(j0 + block_k, end)))
+                costs.append(max(rows, 0) * (H // Hkv) * block_k + 1)
+    return tasks, costs
+
+
+def _by_sequence(x, cu):
+    """Packed (total, heads, X) -> flat, sequence after sequence, each (heads, rows, X)."""
+    flat = np.empty(x.size, dtype=x.dtype)
+    width = x.shape[1] * x.shape[2]
+    for b in range(len(cu) - 1):
+        rows = x[cu[b]:cu[b + 1]]
+        flat[width * cu[b]:width * cu[b + 1]] = rows.transpose(1, 0, 2).ravel()
+    return flat
+
+
+def _packed_back(flat, cu, heads: int, width: int):
+    """The inverse of :func:`_by_sequence`: (total, heads, width)."""
+    out = np.empty((cu[-1], heads, width), dtype=flat.dtype)
+    for b in range(len(cu) - 1):
+        rows = cu[b + 1] - cu[b]
+        block = flat[heads * width * cu[b]:heads * width * cu[b + 1]]
+        out[cu[b]:cu[b + 1]] = block.reshape(heads, rows, width).transpose(1, 0, 2)
+    return out
+
+
+def _lse_packed_back(flat, cu, heads: int):
+    """Sequence-major lse (each (heads, rows)) -> (heads, total)."""
+    out = np.empty((heads, cu[-1]), dtype=flat.dtype)
+    for b in range(len(cu) - 1):
+        rows = cu[b + 1] - cu[b]
+        out[:, cu[b]:cu[b + 1]] = flat[heads * cu[b]:heads * cu[b + 1]].reshape(heads, rows)
+    return out
+
+
+def _lse_by_sequence(lse, cu):
+    return np.concatenate([lse[:, cu[b]:cu[b + 1]].ravel() for b in range(len(cu) - 1)]
+                          + [np.empty(0, lse.dtype)])
+
+
+def _plain(problem: VarlenProblem) -> bool:
+    """No mods and no dropout: nothing reads the batch index but the arrays, so each
+    sequence runs on contiguous (1, H, L, D) blocks of a sequence-major copy."""
+    return problem.score_mod is None and problem.mask_mod is None and problem.dropout_p == 0
+
+
+def _common(problem: VarlenProblem):
+    dtype = problem.dtype.type
+    return (problem.causal is not False, problem.causal == "bottom-right", dtype(problem.scale),
+            np.uint64(dropout_threshold(problem.dropout_p)),
+            dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed))
+
+
+def run(problem: VarlenProblem):
+    """``(out (total_q, H, Dv), lse (H, total_q))`` of a validated packed call, no sinks."""
+    H, _, _, Dv = problem.heads
+    total_q = problem.q.shape[0]
+    dtype = problem.dtype.type
+    ot = np.zeros((H, total_q, Dv), dtype=dtype)
+    lset = np.full((H, total_q), -np.inf, dtype=dtype)
+    threads = numba.get_num_threads()
+    block_q, narrow_k = config.BLOCK_Q, config.BLOCK_K_DIAGONAL
+    shape_problem = problem.mods_problem()
+    mods = mod_functions(shape_problem)
+    if problem.mask_mod is not None:
+        block_q = mask_block_rows(shape_problem, mods[1], mods[2], config.MOD_BLOCK_Q)
+        narrow_k = config.CELL_K
+    tasks, costs = _query_tasks(problem, block_q)
+    while len(tasks) < 4 * threads and block_q > config.MIN_BLOCK_Q:
+        block_q //= 2
+        tasks, costs = _query_tasks(problem, block_q)
+    if not tasks:
+        return ot.transpose(1, 0, 2).copy(), lset
+    blas = True if config.HAVE_BLAS else None
+    cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
+    if _plain(problem):
+        of = np.zeros(ot.size, dtype=dtype)
+        lf = np.full(lset.size, -np.inf, dtype=dtype)
+        args = (_by_sequence(problem.q, cu_q), _by_sequence(problem.k, cu_k),
+                _by_sequence(problem.v, cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
+                deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
+                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas)
+        with launch_guard(), single_threaded_blas() if blas else nullcontext():
+            FORWARD_FLAT(*args)
+        return _packed_back(of, cu_q, H, Dv), _lse_packed_back(lf, cu_q, H)
+    qt, kt, vt = (np.ascontiguousarray(x.transpose(1, 0, 2))
+                  for x in (problem.q, problem.k, problem.v))
+    args = (qt, kt, vt, problem.cu_seqlens_q, problem.cu_seqlens_k, problem.lengths_k,
+            deal(tasks, costs, threads)) + _common(problem) + (
+        ot, lset, config.BLOCK_K, narrow_k, blas) + mods
+    cached = all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3]))
+    with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
+        run_user_code(user_names(shape_problem), FORWARD if cached else FORWARD_USER, *args)
+    return ot.transpose(1, 0, 2).copy(), lset
+
+
+def run_backward(problem: VarlenProblem, dout, out, lse):
+    """``(dq, dk, dv)`` in the packed layouts from the forward's ``out`` and (keys-only
+    marked, see :func:`kernels._sinks.keys_only_lse`) ``lse`` (H, total_q)."""
+    H, Hkv, D, Dv = problem.heads
+    total_q, total_k = problem.q.shape[0], problem.k.shape[0]
+    dtype = problem.dtype.type
+    dkt = np.zeros((Hkv, total_k, D), dtype=dtype)
+    dvt = np.zeros((Hkv, total_k, Dv), dtype=dtype)
+    threads = numba.get_num_threads()
+    tasks, costs = _key_tasks(problem, config.BACKWARD_BLOCK_K)
+    if not tasks or Dv == 0:
+        return (np.zeros_like(problem.q), dkt.transpose(1, 0, 2).copy(),
+                dvt.transpose(1, 0, 2).copy())
+    bins = deal(tasks, costs, threads)
+    cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
+    blas = True if config.HAVE_BLAS else None
+    if _plain(problem):
+        dof, of = _by_sequence(dout, cu_q), _by_sequence(out, cu_q)
+        with np.errstate(invalid="ignore", over="ignore"):  # Δ per row, sequence-major
+            row_dot = np.concatenate(
+                [np.einsum("hid,hid->hi", *(f[H * Dv * cu_q[b]:H * Dv * cu_q[b + 1]].reshape(
+                    H, cu_q[b + 1] - cu_q[b], Dv) for f in (dof, of))).ravel()
+                 for b in range(problem.n_seq)] + [np.empty(0, dtype)])
+        dq_parts = np.zeros((bins.shape[0], problem.q.size), dtype=dtype)
+        dkf = np.zeros(problem.k.size, dtype=dtype)
+        dvf = np.zeros(problem.v.size, dtype=dtype)
+        args = (_by_sequence(problem.q, cu_q), _by_sequence(problem.k, cu_k),
+                _by_sequence(problem.v, cu_k), dof,
+                _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
+                row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
+                ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas)
+        with launch_guard(), single_threaded_blas() if blas else nullcontext():
+            BACKWARD_FLAT(*args)
+        dq = dq_parts.sum(axis=0) * dtype(problem.scale)
+        return (_packed_back(dq, cu_q, H, D), _packed_back(dkf, cu_k, Hkv, D),
+                _packed_back(dvf, cu_k, Hkv, Dv))
+    dq_parts = np.zeros((bins.shape[0], H, total_q, D), dtype=dtype)
+    qt, kt, vt, dot, ot = (np.ascontiguousarray(x.transpose(1, 0, 2))
+                           for x in (problem.q, problem.k, problem.v, dout, out))
+    with np.errstate(invalid="ignore", over="ignore"):
+        row_dot = np.einsum("hid,hid->hi", dot, ot)  # (H, total_q); unread where lse = -inf
+    mods, names = (None,) * 6, ()
+    kernel = BACKWARD
+    if problem.score_mod is not None or problem.mask_mod is not None:
+        mods, names = cpu_mods.mod_functions(problem.mods_problem())
+        if not cpu_mods.cacheable(mods):
+            kernel = BACKWARD_USER
+    args = (qt, kt, vt, dot, np.ascontiguousarray(lse), row_dot, problem.cu_seqlens_q,
+            problem.cu_seqlens_k, bins) + _common(problem) + (
+        dq_parts, dkt, dvt, config.BACKWARD_BLOCK_Q, blas)
+    with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
+        run_user_code(names, kernel, *args, *mods)
+    dq = dq_parts.sum(axis=0) * dtype(problem.scale)  # (H, total_q, D)
+    return (dq.transpose(1, 0, 2).copy(), dkt.transpose(1, 0, 2).copy(),
+            dvt.transpose(1, 0, 2).copy())
