@@ -25,6 +25,25 @@ def _numba_backend_on_its_blas_tiles(monkeypatch):
     monkeypatch.setattr(_microplan, "PLAN_WORK_LIMIT", float("inf"))
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its comparisons to the controller, which prints
+    the summary below (``workeroutput`` exists on workers only)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.support import COMPARISONS
+
+        workeroutput["attnbench_comparisons"] = [
+            (str(b), str(d), float(e), float(t)) for b, d, e, t in COMPARISONS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: gather a finished worker's comparisons."""
+    from tests.support import COMPARISONS
+
+    COMPARISONS.extend(tuple(c) for c in node.workeroutput.get("attnbench_comparisons", ()))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print the largest error against the reference seen per backend and dtype."""
     from tests.support import COMPARISONS

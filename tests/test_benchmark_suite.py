@@ -29,7 +29,11 @@ QUICK = ("--benchmark-max-time=0.005", "--benchmark-min-rounds=3")
 
 
 def run_pytest(*args, timeout=300):
-    env = dict(os.environ, ATTNBENCH_BENCH_GRID="tiny", PYTHONPATH=str(REPO))
+    # not a pytest-xdist worker's variables: the inner pytest is a session of its own (with
+    # PYTEST_XDIST_WORKER set, pytest-benchmark leaves writing the JSON to a controller)
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("PYTEST_XDIST")}
+    env.update(ATTNBENCH_BENCH_GRID="tiny", PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
          str(REPO / "tests" / "benchmarks"), *args],
