@@ -6,6 +6,9 @@ backend must lie within twice the error of the same formulas evaluated in the in
 plus a few ulps, against the formulas in the wider dtype (float64 for float32 inputs,
 ``np.longdouble`` for float64).  The fused backends rebuild the softmax from a stored
 log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
+
+Half inputs: the plain formulas run in float32 and their gradients are rounded to the half
+dtype (what a kernel that accumulates in float32 and rounds its stores gives at best).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
+from kernels._dtypes import compute_dtype
 from kernels.reference.backward import run_backward
 
 __all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
@@ -36,7 +40,7 @@ def gradient_oracle(problem, dout: np.ndarray):
     """
     exact = run_backward(problem, dout, compute_dtype=oracle_dtype(problem.dtype),
                          keep_precision=True)
-    plain = run_backward(problem, dout, compute_dtype=problem.dtype)
+    plain = run_backward(problem, dout, compute_dtype=compute_dtype(problem.dtype))
     return exact, plain
 
 
