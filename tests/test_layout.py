@@ -25,6 +25,7 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 #: for a backend) or a lower one.  Modules not named sit where their prefix does.
 LAYERS = {
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
+    "kernels._dtypes": 0,
     "kernels._jit": 0,
     "kernels.mods": 1,
     "kernels._validate": 2,
