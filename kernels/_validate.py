@@ -21,6 +21,7 @@ import numpy as np
 
 from ._dtypes import SUPPORTED_DTYPES, compute_dtype, is_half
 from ._problem import AttentionProblem
+
 BACKEND_NAMES = ("auto", "reference", "numba", "cuda")
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 

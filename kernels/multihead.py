@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dtypes import compute_dtype
 from ._api import attention
+from ._dtypes import compute_dtype
 
 # --- the two multi-head forms -------------------------------------------------------------
 #

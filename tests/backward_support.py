@@ -12,9 +12,8 @@ import numpy as np
 
 import kernels
 from attnbench.measure.grad_oracle import gradient_oracle, lse_rounding
-from attnbench.measure.oracle import oracle_dtype, tolerance
+from attnbench.measure.oracle import tolerance
 from kernels.reference import forward as reference
-from kernels.reference.backward import run_backward
 
 from .support import COMPARISONS, max_error
 

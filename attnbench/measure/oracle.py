@@ -30,7 +30,8 @@ import numpy as np
 from kernels._dtypes import compute_dtype, eps, is_half
 from kernels.reference import forward as reference
 
-__all__ = ["HALF_ULP_FLOOR", "ULP_FLOOR", "max_abs_error", "oracle", "oracle_dtype", "oracle_runs", "tolerance"]
+__all__ = ["HALF_ULP_FLOOR", "ULP_FLOOR", "max_abs_error", "oracle", "oracle_dtype",
+           "oracle_runs", "tolerance"]
 
 #: ulps of the output's magnitude (at least 1) always allowed, whatever the baseline.
 ULP_FLOOR = 4

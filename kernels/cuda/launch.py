@@ -27,8 +27,8 @@ import threading
 import numpy as np
 from numba import cuda
 
-from .._dtypes import is_half
 from .._dropout import dropout_threshold
+from .._dtypes import is_half
 from .._problem import AttentionProblem
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
