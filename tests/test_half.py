@@ -21,12 +21,15 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kernels
 from kernels.numba_cpu import config
 
 from .backward_support import assert_gradients_match, make_dout
 from .support import REPO, Case, assert_matches_reference, make_inputs, max_error, oracle
+from .test_attention import problems
 
 HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 HALF_IDS = ["float16", "bfloat16"]
@@ -92,6 +95,20 @@ def test_reference_backend_rounds_the_oracle(case, dtype):
 def test_numba_gradients_match_the_oracle(case, path, dtype, monkeypatch):
     _on_path(monkeypatch, path)
     q, k, v, kwargs = make_inputs(case, dtype)
+    assert_gradients_match(q, k, v, "numba", **kwargs)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=problems(), dtype=st.sampled_from(HALF), seed=st.integers(0, 2**16))
+def test_numba_matches_the_oracle_on_drawn_problems(case, dtype, seed):
+    q, k, v, kwargs = make_inputs(case, dtype, seed)
+    assert_matches_reference(q, k, v, "numba", **kwargs)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=problems(), dtype=st.sampled_from(HALF), seed=st.integers(0, 2**16))
+def test_numba_gradients_match_the_oracle_on_drawn_problems(case, dtype, seed):
+    q, k, v, kwargs = make_inputs(case, dtype, seed)
     assert_gradients_match(q, k, v, "numba", **kwargs)
 
 
