@@ -39,12 +39,12 @@ def main(argv):
                         continue
                     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
                     dout = np.ones_like(out)
-                    calls[name] = (lambda q=q, k=k, v=v, o=out, s=lse, d=dout:
+                    calls[name] = (lambda q=q, k=k, v=v, o=out, s=lse, d=dout, c=causal:
                                    kernels.attention_backward(q, k, v, d, out=o, lse=s,
-                                                              causal=causal))
+                                                              causal=c))
                 else:
-                    calls[name] = lambda q=q, k=k, v=v: kernels.attention(q, k, v,
-                                                                         causal=causal)
+                    calls[name] = lambda q=q, k=k, v=v, c=causal: kernels.attention(
+                        q, k, v, causal=c)
             timings = interleaved(calls, rounds=7, settle=0.1)
             f32 = timings["float32"].samples
             for name in calls:
