@@ -22,7 +22,7 @@ COLUMNS = (
 )
 #: Sections of ``attnbench bench``, in the order they run (``--only`` picks some).
 SECTIONS = ("speed", "peak", "float64", "memory", "tiny", "causal", "padding", "parallel",
-            "backward", "variants", "startup")
+            "backward", "variants", "precision", "startup")
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
 
@@ -58,6 +58,8 @@ class BenchConfig:
     n_documents: int = 8
     score_length: int = 4096  # L of the ALiBi and softcap variants
     window_backward_length: int = 8192  # L of the backward with the sliding window
+    precision_lengths: tuple[int, ...] = (2048, 4096)  # L of the precision section's prefill
+    precision_backward_length: int = 2048  # L of its backward (float32 against bfloat16)
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
@@ -71,7 +73,8 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
                     rounds=3, memory_length=2048, padding_length=1024, parallel_length=1024,
                     startup_runs=1, backward_lengths=(256, 512), backward_memory_length=2048,
                     window_length=4096, documents_length=2048, score_length=1024,
-                    window_backward_length=2048, quick=True)
+                    window_backward_length=2048, precision_lengths=(512,),
+                    precision_backward_length=512, quick=True)
 
 
 def config_from_args(args) -> BenchConfig:

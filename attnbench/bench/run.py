@@ -45,6 +45,8 @@ flatter numba.  Sections of the table (column ``section``; ``--only`` runs some)
   the extra memory of one backward call (:mod:`attnbench.bench.backward`);
 - ``variants``: sliding window, documents, ALiBi and softcap against the plain call
   (:mod:`attnbench.bench.variants`);
+- ``precision``: bfloat16 and float16 prefill and the bfloat16 backward against float32,
+  and numba against torch SDPA in bfloat16 (:mod:`attnbench.bench.precision`);
 - ``startup``: a new Python process, Numba's cache warm: ``import kernels`` and the first
   call (of the parallel kernel), timed inside the process; the whole process beside it.
 
@@ -74,6 +76,7 @@ from attnbench.bench.config import (
     config_from_args,
 )
 from attnbench.bench.output import format_table, format_targets, write_results
+from attnbench.bench.precision import precision_section
 from attnbench.bench.sections import (
     causal_section,
     compare_section,
@@ -150,6 +153,8 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
         rows += backward_section(config, threads, progress)
     if "variants" in run:
         rows += variants_section(config, threads, progress)
+    if "precision" in run:
+        rows += precision_section(config, threads, progress)
     return rows
 
 

@@ -7,6 +7,7 @@ import pandas as pd
 
 from attnbench.bench.config import FLOOR, TARGET_COLUMNS, BenchConfig
 from attnbench.bench.interval_targets import backward_targets, variant_targets
+from attnbench.bench.precision import precision_targets
 from attnbench.measure.timing import fault
 
 # --- the targets ------------------------------------------------------------------------------
@@ -30,7 +31,7 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
                         "met": met, "note": note + quick})
 
-    if set(config.sections) - {"backward", "variants"}:  # a forward section ran
+    if set(config.sections) - {"backward", "variants", "precision"}:  # a forward section ran
         _forward_targets(table, config, add)
     if "backward" in config.sections:
         for target in backward_targets(table, config.causal):
@@ -38,6 +39,10 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
                 target["met"], target["note"])
     if "variants" in config.sections:
         for target in variant_targets(table, config):
+            add(target["target"], target["shape"], target["measured"], target["goal"],
+                target["met"], target["note"])
+    if "precision" in config.sections:
+        for target in precision_targets(table, config.causal):
             add(target["target"], target["shape"], target["measured"], target["goal"],
                 target["met"], target["note"])
     return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))
