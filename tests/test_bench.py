@@ -21,7 +21,8 @@ from attnbench.measure.intervals import format_samples
 TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", "128",
         "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",
         "--parallel-L", "128", "--startup-runs", "1",
-        "--only", *(name for name in bench_config.SECTIONS if name not in ("backward", "variants"))]
+        "--only", *(name for name in bench_config.SECTIONS
+                    if name not in ("backward", "variants", "precision"))]
 
 
 @pytest.fixture(scope="module")
