@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._dispatch import backward_module, module, resolve
+from ._dtypes import compute_dtype
 from ._problem import AttentionProblem, multiply_adds
 from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
 
@@ -285,7 +286,7 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     )
     problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
     if problem.score_mod is not None:
-        problem.score_mod.grad("cpu", problem.dtype)  # ValueError naming it if it has none
+        problem.score_mod.grad("cpu", compute_dtype(problem.dtype))  # ValueError if it has none
     q_shape = np.shape(q)
     dout, out, lse = check_backward_args(problem, q_shape, dout, out, lse)
     name = resolve(backend, problem)

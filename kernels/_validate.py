@@ -297,7 +297,7 @@ def check_mods(problem: AttentionProblem, score_mod=None, mask_mod=None) -> Atte
         if mod is not None:
             mod.check(B, H, Lq, Lk)
     if score is not None:
-        score.element("cpu", problem.dtype)  # compiles (probes) user functions for the dtype
+        score.element("cpu", compute_dtype(problem.dtype))  # compiles (probes) user functions
     return dataclasses.replace(problem, score_mod=score, mask_mod=mask)
 
 

@@ -321,3 +321,16 @@ def test_the_cuda_backend_refuses_half_inputs_by_name(dtype):
                  lambda: kernels.attention_backward(q, q, q, q, backend="cuda")):
         with pytest.raises(ValueError, match=f"backend='cuda' does not take {np.dtype(dtype)}"):
             call()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("mods_kwargs", [
+    pytest.param(lambda m: dict(mask_mod=m.sliding_window(8), causal=True), id="window"),
+    pytest.param(lambda m: dict(score_mod=m.alibi(np.array([0.5, 0.25]))), id="alibi"),
+])
+def test_score_and_mask_functions_in_half_precision(mods_kwargs, dtype):
+    """Mods are compiled for the compute dtype (float32), forward and backward."""
+    q, k, v, _ = make_inputs(Case("x", H=2, Lq=40, D=16), dtype)
+    kwargs = mods_kwargs(kernels.mods)
+    assert_matches_reference(q, k, v, "numba", **kwargs)
+    assert_gradients_match(q, k, v, "numba", **kwargs)
