@@ -7,8 +7,9 @@ plus a few ulps, against the formulas in the wider dtype (float64 for float32 in
 ``np.longdouble`` for float64).  The fused backends rebuild the softmax from a stored
 log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
 
-Half inputs: the plain formulas run in float32 and their gradients are rounded to the half
-dtype (what a kernel that accumulates in float32 and rounds its stores gives at best).
+Half inputs: the plain formulas run in float32, with rowsum(dO ∘ O) taken from O rounded to
+the half dtype (a half implementation keeps its output, and reads it back, in that dtype),
+and their gradients are rounded to the half dtype.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
-from kernels._dtypes import compute_dtype
+from kernels._dtypes import compute_dtype, is_half
 from kernels.reference.backward import run_backward
 
 __all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
@@ -40,7 +41,9 @@ def gradient_oracle(problem, dout: np.ndarray):
     """
     exact = run_backward(problem, dout, compute_dtype=oracle_dtype(problem.dtype),
                          keep_precision=True)
-    plain = run_backward(problem, dout, compute_dtype=compute_dtype(problem.dtype))
+    half = is_half(problem.dtype)  # a half implementation keeps O in the half dtype
+    plain = run_backward(problem, dout, compute_dtype=compute_dtype(problem.dtype),
+                         round_to=problem.dtype if half else None)
     return exact, plain
 
 
