@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from ._dispatch import backward_module, module, resolve
+from ._dtypes import compute_dtype
 from ._problem import AttentionProblem, multiply_adds
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
@@ -314,7 +315,7 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     )
     problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
     if problem.score_mod is not None:
-        problem.score_mod.grad("cpu", problem.dtype)  # ValueError naming it if it has none
+        problem.score_mod.grad("cpu", compute_dtype(problem.dtype))  # ValueError if it has none
     sinks = check_sinks(sinks, problem.shape[1], problem.dtype)
     q_shape = np.shape(q)
     dout, out, lse = check_backward_args(problem, q_shape, dout, out, lse)

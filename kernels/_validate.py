@@ -19,9 +19,9 @@ import numbers
 
 import numpy as np
 
+from ._dtypes import SUPPORTED_DTYPES, compute_dtype, is_half
 from ._problem import AttentionProblem
 
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 BACKEND_NAMES = ("auto", "reference", "numba", "cuda")
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 
@@ -39,8 +39,10 @@ def _as_float_array(name: str, x) -> np.ndarray:
             )
         x = np.asarray(x)
     if x.dtype not in SUPPORTED_DTYPES:
+        bf16 = ("bfloat16 (ml_dtypes)" if len(SUPPORTED_DTYPES) == 4
+                else "bfloat16 (unavailable here: install ml_dtypes)")
         raise TypeError(
-            f"{name} has dtype {x.dtype}; expected float32 or float64 "
+            f"{name} has dtype {x.dtype}; expected float32, float64, float16 or {bf16} "
             "(convert with x.astype(np.float32))"
         )
     return x
@@ -113,12 +115,15 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     """Turn a mask broadcastable to ``full_shape`` into a 4-D mask: bool, or additive in dtype.
 
     A bool mask stays bool (True = attend; :meth:`AttentionProblem.additive_mask` converts
-    it where a backend needs the additive form).  A float mask is cast to ``dtype``.
+    it where a backend needs the additive form).  A float mask is cast to ``dtype``'s
+    compute dtype (float32 for half inputs: a half mask widens exactly, a float32 one is
+    kept, and what is added to a float32 score is never rounded to half).
     """
     if mask is None:
         return None
     mask = np.asarray(mask)
-    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating):
+    if (mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating)
+            and not is_half(mask.dtype)):
         raise TypeError(
             f"mask has dtype {mask.dtype}; expected bool (True = attend) or a float dtype "
             "(added to the scores)"
@@ -145,7 +150,7 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         mask = np.broadcast_to(mask, batch_full + tail).reshape((math.prod(batch_full),) + tail)
     if mask.dtype == np.bool_:
         return np.ascontiguousarray(mask)
-    return np.ascontiguousarray(mask, dtype=dtype)
+    return np.ascontiguousarray(mask, dtype=compute_dtype(dtype))
 
 
 def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray | None:
@@ -261,7 +266,7 @@ def check_attention_args(
     Raises
     ------
     TypeError
-        A wrong type or dtype (integer, float16, mixed dtypes, non-real scale ...).
+        A wrong type or dtype (integer, float8, mixed dtypes, non-real scale ...).
     ValueError
         Shapes that do not fit together or values out of range; the message names the
         argument, the shapes seen and what was expected.
@@ -292,7 +297,7 @@ def check_mods(problem: AttentionProblem, score_mod=None, mask_mod=None) -> Atte
         if mod is not None:
             mod.check(B, H, Lq, Lk)
     if score is not None:
-        score.element("cpu", problem.dtype)  # compiles (probes) user functions for the dtype
+        score.element("cpu", compute_dtype(problem.dtype))  # compiles (probes) user functions
     return dataclasses.replace(problem, score_mod=score, mask_mod=mask)
 
 
@@ -354,7 +359,7 @@ def check_backward_args(problem: AttentionProblem, q_shape: tuple, dout, out=Non
         out = _check_grad_like("out", out, out_shape, problem.dtype, what)
         out = np.ascontiguousarray(out.reshape(B, H, Lq, Dv))
     if lse is not None:
-        lse = _check_grad_like("lse", lse, tuple(q_shape[:-1]), problem.dtype,
+        lse = _check_grad_like("lse", lse, tuple(q_shape[:-1]), compute_dtype(problem.dtype),
                                "(q's shape without its last dim: (..., H, Lq))")
         lse = np.ascontiguousarray(lse.reshape(B, H, Lq))
     return dout, out, lse

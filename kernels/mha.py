@@ -8,7 +8,7 @@ import numpy as np
 
 from . import multihead
 from ._api import attention, attention_backward
-from ._validate import SUPPORTED_DTYPES
+from ._dtypes import SUPPORTED_DTYPES, as_dtype
 from ._varlen_api import attention_varlen, attention_varlen_backward
 
 
@@ -36,7 +36,9 @@ class MultiHeadAttention:
     bias : bool, default True
         Give each projection a bias vector.
     dtype : numpy dtype, default float32
-        float32 or float64: the parameters' dtype, and the dtype ``forward`` expects.
+        float32, float64, float16 or ``ml_dtypes.bfloat16`` (also ``"bfloat16"``): the
+        parameters' dtype, and the dtype ``forward`` expects.  Half layers project in
+        float32 and round each projection to the half dtype.
     seed : int, default 0
         Seed of the generator the weights are drawn from (Xavier-uniform, as PyTorch's
         ``nn.MultiheadAttention``; biases start at 0, as there).
@@ -59,9 +61,10 @@ class MultiHeadAttention:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
-        self.dtype = np.dtype(dtype)
+        self.dtype = as_dtype(dtype)
         if self.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64; got {self.dtype}")
+            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16; "
+                            f"got {self.dtype}")
         self.bias = bool(bias)
         self.d_head = self.d_model // self.n_heads
         rng = np.random.default_rng(seed)

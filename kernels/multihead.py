@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._api import attention
+from ._dtypes import compute_dtype
 
 # --- the two multi-head forms -------------------------------------------------------------
 #
@@ -17,9 +18,12 @@ from ._api import attention
 
 
 def project(x, params, name):
-    y = x @ params[f"W_{name}"]
+    # Half precision: the product in float32 (no half arithmetic), rounded once to x's dtype.
+    wide = compute_dtype(x.dtype)
+    y = x.astype(wide, copy=False) @ params[f"W_{name}"].astype(wide, copy=False)
     bias = params.get(f"b_{name}")
-    return y if bias is None else y + bias
+    y = y if bias is None else y + bias.astype(wide, copy=False)
+    return y.astype(x.dtype, copy=False)
 
 
 def multihead_loop(x, params, n_heads, n_kv_heads=None, **attention_kwargs):

@@ -10,6 +10,7 @@ import pytest
 
 import attnbench.sweep.agreement
 from attnbench.cli import main
+from attnbench.sweep.agreement import DTYPES as AGREEMENT_DTYPES
 from attnbench.sweep.agreement import MASK_KINDS, select_backends
 from kernels import has_real_gpu
 
@@ -22,10 +23,10 @@ def test_run_tiny_grid_writes_the_csv_and_exits_0(tmp_path, capsys):
     table = pd.read_csv(out / "agreement.csv")
     backends = select_backends()
     assert "cuda" not in backends or has_real_gpu()  # the simulator only when asked for
-    assert len(table) == len(MASK_KINDS) * 2 * len(backends)
+    assert len(table) == len(MASK_KINDS) * len(AGREEMENT_DTYPES) * len(backends)
     assert set(table["backend"]) == set(backends)
     assert set(table["mask"]) == set(MASK_KINDS)
-    assert set(table["dtype"]) == {"float32", "float64"}
+    assert set(table["dtype"]) == {"float32", "float64", "float16", "bfloat16"}
     assert table["ok"].all()
     assert (table["max_abs_err"] <= table["tolerance"]).all()
     assert (table["median_ms"] > 0).all() and (table["gflops"] > 0).all()

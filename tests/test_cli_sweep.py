@@ -56,7 +56,7 @@ USAGE_ERRORS = [
     (["--L", "many"], "expected a positive integer, got 'many'"),
     (["--mask", "diagonal"], "invalid choice: 'diagonal'"),
     (["--backend", "jax"], "invalid choice: 'jax'"),
-    (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--dtype", "int8"], "invalid choice: 'int8'"),
     (["--direction", "sideways"], "invalid choice: 'sideways'"),
     (["--variant", "window"], "variant 'window' is unknown; expected one of none, window-W"),
 ]

@@ -27,6 +27,7 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 LAYERS = {
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
     "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0, "kernels._sinks": 0,
+    "kernels._dtypes": 0,
     "kernels.mods": 1, "kernels._varlen_problem": 1,
     "kernels._validate": 2,
     "kernels._decode_validate": 2.5,  # the decode checks, on the forward's (scale, dtypes)

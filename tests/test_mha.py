@@ -95,7 +95,7 @@ def test_bad_forward_input():
     with pytest.raises(ValueError, match="d_model=16"):
         layer(np.zeros((2, 8), np.float32))
     with pytest.raises(TypeError, match="dtype"):
-        kernels.MultiHeadAttention(16, 4, dtype=np.float16)
+        kernels.MultiHeadAttention(16, 4, dtype=np.int8)
 
 
 def _window_alibi_as_float_mask(H, L, left, slopes):

@@ -72,7 +72,7 @@ def test_overflow_thresholds():
 
 def test_sections_render_inputs():
     sections = stability.section()
-    assert [s.anchor for s in sections] == ["stability", "temperature", "overflow"]
+    assert [s.anchor for s in sections] == ["stability", "temperature", "overflow", "float16"]
     assert all(s.tables or s.figures for s in sections)
 
 
@@ -123,3 +123,15 @@ def test_stability_section_shows_the_gradients(gradients):
     assert any("attention_backward" in caption for caption in captions)
     assert len(first.figures) == 2
     assert "Measured through the backward kernel" in first.text
+
+
+def test_the_float16_points():
+    from attnbench.studies.stability_half import half_study
+
+    table = half_study(d_k=64, n_queries=8, n_keys=16).set_index("point")
+    assert table.loc["float16(-1e9)", "value"] == -np.inf  # C25
+    assert not table.loc["softmax in float16 of logits 80000, 80400, 0", "finite"]
+    kernel = table.loc["kernels.attention, float16 inputs, the same logits"]
+    assert kernel["finite"] and kernel["value"] == 2.0
+    errors = table[table.index.str.contains("max error")]
+    assert len(errors) == 2 and errors["finite"].all()

@@ -22,7 +22,7 @@ COLUMNS = (
 )
 #: Sections of ``attnbench bench``, in the order they run (``--only`` picks some).
 SECTIONS = ("speed", "peak", "float64", "memory", "tiny", "causal", "padding", "parallel",
-            "backward", "variants", "decode", "varlen", "startup")
+            "backward", "variants", "decode", "varlen", "precision", "startup")
 #: Columns of the targets table.
 TARGET_COLUMNS = ("target", "shape", "measured", "goal", "met", "note")
 
@@ -63,6 +63,8 @@ class BenchConfig:
     decode_mqa_length: int = 65536  # ... of its MQA num_splits point
     varlen_lengths: tuple[int, ...] = (4096, 2048, 1024, 512, 256, 128, 64, 32)  # packed
     sinks_length: int = 4096  # L of sinks vs plain (forward and backward)
+    precision_lengths: tuple[int, ...] = (2048, 4096)  # L of the precision section's prefill
+    precision_backward_length: int = 2048  # L of its backward (float32 against bfloat16)
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
     quick: bool = False  # a quick run (smaller shapes): not the targets' shapes
@@ -78,7 +80,8 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
                     window_length=4096, documents_length=2048, score_length=1024,
                     window_backward_length=2048, decode_length=4096, decode_batch_length=1024,
                     decode_mqa_length=8192, varlen_lengths=(1024, 512, 256, 128, 64, 32, 16, 8),
-                    sinks_length=1024, quick=True)
+                    sinks_length=1024, precision_lengths=(512,), precision_backward_length=512,
+                    quick=True)
 
 
 def config_from_args(args) -> BenchConfig:

@@ -47,6 +47,8 @@ flatter numba.  Sections of the table (column ``section``; ``--only`` runs some)
   (:mod:`attnbench.bench.variants`);
 - ``varlen``: packed variable-length batches against the dense calls and the padded call,
   and sinks against the plain call (:mod:`attnbench.bench.varlen`);
+- ``precision``: bfloat16 and float16 prefill and the bfloat16 backward against float32,
+  and numba against torch SDPA in bfloat16 (:mod:`attnbench.bench.precision`);
 - ``startup``: a new Python process, Numba's cache warm: ``import kernels`` and the first
   call (of the parallel kernel), timed inside the process; the whole process beside it.
 
@@ -77,6 +79,7 @@ from attnbench.bench.config import (
 )
 from attnbench.bench.decode import decode_section
 from attnbench.bench.output import format_table, format_targets, write_results
+from attnbench.bench.precision import precision_section
 from attnbench.bench.sections import (
     causal_section,
     compare_section,
@@ -158,6 +161,8 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
         rows += decode_section(config, threads, progress)
     if "varlen" in run:
         rows += varlen_section(config, threads, progress)
+    if "precision" in run:
+        rows += precision_section(config, threads, progress)
     return rows
 
 

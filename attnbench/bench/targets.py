@@ -8,6 +8,7 @@ import pandas as pd
 from attnbench.bench.config import FLOOR, TARGET_COLUMNS, BenchConfig
 from attnbench.bench.decode import decode_targets
 from attnbench.bench.interval_targets import backward_targets, variant_targets
+from attnbench.bench.precision import precision_targets
 from attnbench.bench.varlen import varlen_targets
 from attnbench.measure.timing import fault
 
@@ -32,7 +33,8 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
         targets.append({"target": target, "shape": shape, "measured": values, "goal": goal,
                         "met": met, "note": note + quick})
 
-    if set(config.sections) - {"backward", "variants", "decode", "varlen"}:  # a forward section ran
+    if set(config.sections) - {"backward", "variants", "decode", "varlen",
+                               "precision"}:  # a forward section ran
         _forward_targets(table, config, add)
     if "backward" in config.sections:
         for target in backward_targets(table, config.causal):
@@ -47,6 +49,10 @@ def targets_table(table: pd.DataFrame, config: BenchConfig) -> pd.DataFrame:
                 target["met"], target["note"])
     if "decode" in config.sections:
         for target in decode_targets(table):
+            add(target["target"], target["shape"], target["measured"], target["goal"],
+                target["met"], target["note"])
+    if "precision" in config.sections:
+        for target in precision_targets(table, config.causal):
             add(target["target"], target["shape"], target["measured"], target["goal"],
                 target["met"], target["note"])
     return pd.DataFrame(targets, columns=list(TARGET_COLUMNS))

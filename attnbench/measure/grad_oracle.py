@@ -7,6 +7,10 @@ plus a few ulps, against the formulas in the wider dtype (float64 for float32 in
 ``np.longdouble`` for float64).  Of the two plain evaluations (the BLAS's scores, and
 correctly rounded ones) the one farther from the oracle counts, gradient by gradient.  The fused backends rebuild the softmax from a stored
 log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
+
+Half inputs: the plain formulas run in float32, with rowsum(dO ∘ O) taken from O rounded to
+the half dtype (a half implementation keeps its output, and reads it back, in that dtype),
+and their gradients are rounded to the half dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
+from kernels._dtypes import compute_dtype, is_half
 from kernels.reference.backward import run_backward
 
 __all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
@@ -40,8 +45,12 @@ def gradient_oracle(problem, dout: np.ndarray):
     """
     wide = oracle_dtype(problem.dtype)
     exact = run_backward(problem, dout, compute_dtype=wide, keep_precision=True)
-    blas = run_backward(problem, dout, compute_dtype=problem.dtype)
-    rounded = run_backward(problem, dout, compute_dtype=problem.dtype, scores_from=wide)
+    plain_dtype = compute_dtype(problem.dtype)  # float32 for half inputs
+    # a half implementation keeps O in the half dtype (rowsum(dO * O) reads it back)
+    round_to = problem.dtype if is_half(problem.dtype) else None
+    blas = run_backward(problem, dout, compute_dtype=plain_dtype, round_to=round_to)
+    rounded = run_backward(problem, dout, compute_dtype=plain_dtype, scores_from=wide,
+                           round_to=round_to)
     plain = tuple(max(pair, key=lambda g, e=e: tolerance(e, g, problem.dtype))
                   for pair, e in zip(zip(blas, rounded, strict=True), exact, strict=True))
     return exact, plain

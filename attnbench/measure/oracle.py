@@ -15,18 +15,29 @@ for float32 inputs and, for float64 inputs, ``np.longdouble`` (x87 extended prec
 plain implementation itself: its baseline error would be 0 and the tolerance the bare
 floor of 4 ulps, which a correct fused kernel exceeds (its sums are ordered differently:
 ~7 ulps on L = 97, D = 64).  The oracle is not rounded back to the input dtype.
+
+Half inputs (float16, bfloat16) are computed in float32 by every backend, so their baseline
+is the formula as a standard half-precision implementation rounds it: in float32 (where
+NumPy accumulates), with the scaled scores, the weights and the output rounded to the input
+dtype (:func:`kernels.reference.run`'s ``round_to``); the oracle is float64 over the
+already rounded half inputs, and the floor is :data:`ULP_FLOOR` ulps of the half dtype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kernels._dtypes import compute_dtype, eps, is_half
 from kernels.reference import forward as reference
 
-__all__ = ["ULP_FLOOR", "max_abs_error", "oracle", "oracle_dtype", "oracle_runs", "tolerance"]
+__all__ = ["HALF_ULP_FLOOR", "ULP_FLOOR", "max_abs_error", "oracle", "oracle_dtype",
+           "oracle_runs", "tolerance"]
 
 #: ulps of the output's magnitude (at least 1) always allowed, whatever the baseline.
 ULP_FLOOR = 4
+#: The same for half inputs, in ulps of the half dtype (a kernel that accumulates in
+#: float32 and rounds its output once is within half an ulp of the exact output).
+HALF_ULP_FLOOR = 2
 
 
 def oracle_dtype(dtype) -> np.dtype:
@@ -75,17 +86,24 @@ def oracle_runs(problem):
     closer on one draw of unscaled logits with |q|, |k| ~ 6, L = 9, Lk = 31, D = 59), and a
     tolerance set by that one lucky draw fails implementations that make no error of their
     own.  ``weights`` is None unless the problem asks for them (``return_weights``).
+
+    For a half problem both evaluations run in float32 and round the scores, the weights
+    and the output to the half dtype (``round_to``): the half baseline.
     """
     wide = oracle_dtype(problem.dtype)
     exact = reference.run(problem, compute_dtype=wide, keep_precision=True)
-    blas = reference.run(problem, compute_dtype=problem.dtype)
-    rounded = reference.run(problem, compute_dtype=problem.dtype, scores_from=wide)
+    plain_dtype = compute_dtype(problem.dtype)  # float32 for half inputs
+    round_to = problem.dtype if is_half(problem.dtype) else None
+    blas = reference.run(problem, compute_dtype=plain_dtype, round_to=round_to)
+    rounded = reference.run(problem, compute_dtype=plain_dtype, scores_from=wide,
+                            round_to=round_to)
     plain = max((blas, rounded), key=lambda run: _baseline_error(exact[0], run[0]))
     return exact, plain
 
 
 def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
-    """``2 x`` the plain implementation's max error + :data:`ULP_FLOOR` ulps of the scale.
+    """``2 x`` the plain implementation's max error + :data:`ULP_FLOOR` ulps of the scale
+    (:data:`HALF_ULP_FLOOR` ulps of the half dtype for float16 and bfloat16 inputs).
 
     Parameters
     ----------
@@ -94,7 +112,8 @@ def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
     plain : ndarray
         The same formula computed in ``dtype``.
     dtype : dtype
-        The input dtype (its machine epsilon sets the floor).
+        The input dtype (its machine epsilon sets the floor; bfloat16's is 2**-7,
+        float16's 2**-10).
 
     Returns
     -------
@@ -104,8 +123,8 @@ def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
         return 0.0
     with np.errstate(invalid="ignore"):
         scale = float(np.max(np.abs(exact), where=np.isfinite(exact), initial=1.0))
-    return (2 * _baseline_error(exact, plain)
-            + ULP_FLOOR * float(np.finfo(dtype).eps) * max(scale, 1.0))
+    floor = HALF_ULP_FLOOR if is_half(dtype) else ULP_FLOOR
+    return 2 * _baseline_error(exact, plain) + floor * eps(dtype) * max(scale, 1.0)
 
 
 def _baseline_error(exact: np.ndarray, plain: np.ndarray) -> float:

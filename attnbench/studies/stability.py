@@ -36,6 +36,7 @@ from attnbench.studies.stability_gradients import (
     gradient_study,
     gradient_summary,
 )
+from attnbench.studies.stability_half import half_study
 
 __all__ = [
     "D_K_VALUES",
@@ -386,4 +387,11 @@ def section(scaling: pd.DataFrame | None = None, temperature: pd.DataFrame | Non
                   "returns inf or NaN, found to the last bit, and kernels.softmax (which "
                   "subtracts the row maximum first) at the same inputs and at 100× them."),
             tables=[("Where a naive float32 softmax breaks", overflow)]),
+        Section(
+            title="Float16: masks and large logits", anchor="float16",
+            text=("What half precision does (attnbench.studies.stability_half): float16(−1e9) "
+                  "is −inf (C25), a float16 softmax overflows beyond 65504 while "
+                  "kernels.attention keeps float16 scores in float32, and the kernel's "
+                  "error on float16 inputs, scaled and unscaled."),
+            tables=[("Float16 points", half_study())]),
     ]

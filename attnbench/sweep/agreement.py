@@ -46,6 +46,7 @@ from attnbench.measure.problems import (
 )
 from attnbench.measure.timing import default_probe, fault, measure
 from kernels import available_backends, cuda_status, has_real_gpu
+from kernels._dtypes import HALF_DTYPES
 
 __all__ = ["GRIDS", "MASK_KINDS", "agreement_table", "run_agreement", "select_backends"]
 
@@ -71,7 +72,8 @@ GRIDS = {
     "tiny": (_shape("tiny GQA 2/1", H=2, Hkv=1, Lq=13, Lk=17, D=8, Dv=5),),
 }
 
-DTYPES = (np.float32, np.float64)
+#: float16 and bfloat16 too (issue 25): computed in float32, judged by the half rule.
+DTYPES = (np.float32, np.float64) + HALF_DTYPES
 
 
 def select_backends(requested=None) -> list[str]:
@@ -175,7 +177,7 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
         A key of :data:`GRIDS`.
     backends : list of str, optional
         Default: :func:`select_backends` (all available; cuda only on a real GPU).
-    dtypes : sequence of dtype, default (float32, float64)
+    dtypes : sequence of dtype, default (float32, float64, float16, bfloat16)
     max_time : float, default 0.05
         Timing budget per (case, dtype, backend), in seconds (see
         :func:`attnbench.measure.timing.measure`); at least 3 timed calls are made.
@@ -292,6 +294,8 @@ def run_agreement(out: Path, *, grid: str = "default", backends=None,
         print(f"attnbench run: error: {exc}", file=sys.stderr)
         return 2, {}, start
     peaks = {np.dtype(dtype).name: gemm_peak_gflops(dtype) for dtype in (np.float32, np.float64)}
+    # Half precision is computed in float32: float32's peak is the one it is held to.
+    peaks_by_dtype = {**peaks, **{d.name: peaks["float32"] for d in HALF_DTYPES}}
     record = machine_record()  # after the peak probes, which it lists
     lines = summary_lines(record)
     lines.append("GEMM peak  " + ", ".join(f"{name} {peak:.1f} GFLOP/s (numpy matmul, n=1024)"
@@ -305,7 +309,7 @@ def run_agreement(out: Path, *, grid: str = "default", backends=None,
           f"{len(MASK_KINDS)} mask kinds x 2 dtypes, backends {', '.join(backends)}\n",
           flush=True)
 
-    table = agreement_table(grid, backends=backends, max_time=max_time, gemm_peaks=peaks)
+    table = agreement_table(grid, backends=backends, max_time=max_time, gemm_peaks=peaks_by_dtype)
     print(format_table(table))
     failed = table[~table["ok"]]
     for row in failed[failed["error"] != ""].itertuples():

@@ -62,7 +62,7 @@ BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
 #: differ when Lq = Lk.
 MASK_KINDS = ("none", "causal", "padding", "bool")
 
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "float16", "bfloat16")  # half: computed in float32
 
 #: What a point times: the forward call, or the backward call given the forward's out and lse.
 DIRECTIONS = ("forward", "backward")

@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from attnbench.measure.cores import CoreCheck, check_cores
@@ -51,6 +50,7 @@ from attnbench.sweep.remeasure import (
     series_groups,
 )
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
+from kernels._dtypes import compute_dtype
 
 __all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SERIES_SHARE", "SweepResult", "points_summary",
            "run_sweep", "runs_here", "serial_executor"]
@@ -263,7 +263,9 @@ class _PeakProbes:
     def probe(self, repeat: int = 3) -> None:
         """One probe per dtype; the peak is the maximum of all (machine.gemm_peak_gflops)."""
         for name in self.dtypes:
-            self.peaks[name] = gemm_peak_gflops(np.dtype(name), repeat=repeat, max_time=1.0)
+            # Half precision is computed in float32: its peak is float32's.
+            self.peaks[name] = gemm_peak_gflops(compute_dtype(name), repeat=repeat,
+                                                max_time=1.0)
             self.used[name].add(self.peaks[name])
         time.sleep(SETTLE_SECONDS)  # the BLAS workers go idle before the next timing
 

@@ -28,6 +28,7 @@ import numpy as np
 from numba import cuda
 
 from .._dropout import dropout_threshold
+from .._dtypes import is_half
 from .._problem import AttentionProblem
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
@@ -49,8 +50,14 @@ _simulator_lock = threading.RLock() if SIMULATOR else contextlib.nullcontext()
 
 
 def check_supported(problem: AttentionProblem) -> None:
-    """Raise ValueError if the cuda backend cannot run ``problem`` (a head size > MAX_HEAD_DIM)."""
+    """Raise ValueError if the cuda backend cannot run ``problem`` (a head size > MAX_HEAD_DIM,
+    or half-precision inputs, which it does not take yet)."""
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
+    if is_half(problem.dtype):
+        raise ValueError(
+            f"backend='cuda' does not take {problem.dtype} inputs yet (q, k, v of dtype "
+            f"{problem.dtype}); use backend='numba', or float32 inputs on the GPU"
+        )
     if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
         raise ValueError(
             f"backend='cuda' supports head sizes up to {MAX_HEAD_DIM}; got D={D} and Dv={Dv} "

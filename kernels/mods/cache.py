@@ -26,6 +26,7 @@ import pathlib
 from numba.core import types
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
 
+from .._dtypes import compute_dtype
 from .._jit.cache import source_stamp
 
 
@@ -117,7 +118,7 @@ def cacheable(problem, arguments: tuple) -> tuple:
         ``(mask_fn, tile_fn, mask_args, score_fn, score_args)`` for target "cpu".
     """
     mask_fn, tile_fn, mask_args, score_fn, score_args = arguments
-    dtype = problem.dtype
+    dtype = compute_dtype(problem.dtype)  # float32 for half inputs
     mask, score = problem.mask_mod, problem.score_mod
     mask_keys = ("no_mask", "no_mask_tile") if mask is None else (
         mask.cache_key("element", dtype), mask.cache_key("tile", dtype))

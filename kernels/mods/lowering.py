@@ -32,6 +32,7 @@ import numba
 import numpy as np
 from numba import njit, types
 
+from .._dtypes import compute_dtype
 from .._jit.math import EXACT_MATH, exp32
 from .cells import EMPTY, FULL, PARTIAL
 
@@ -361,7 +362,7 @@ def mod_arguments(problem, target: str = "cpu"):
     """``(mask_fn, tile_fn, mask_args, score_fn, score_args)`` of a problem for ``target``
     ("cpu" or "cuda"): the compiled forms and the flat tuples of bound data; identities
     where the call has no mask or score function."""
-    dtype = problem.dtype
+    dtype = compute_dtype(problem.dtype)  # float32 for half inputs
     if problem.mask_mod is None:
         mask_fn, tile_fn = identity_mask(target)
         mask_args = ()

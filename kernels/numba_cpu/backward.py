@@ -44,6 +44,8 @@ import numpy as np
 from numba import njit, prange
 
 from .._dropout import dropout_threshold
+from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from .._jit.half import half_scratch, widen_tile
 from .._jit.launch import launch_guard, single_threaded_blas
 from .._jit.math import FASTMATH, float_constants
 from .._problem import AttentionProblem
@@ -83,8 +85,8 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
     group = H // k.shape[1]
     nk = j1 - j0
     _, _, neg_inf = float_constants(scale)  # in the input dtype
-    k_tile = k[b, hk, j0:j1]  # (nk, D)
-    v_tile = v[b, hk, j0:j1]  # (nk, Dv)
+    k_tile = widen_tile(k[b, hk, j0:j1], half_scratch(k, nk * k.shape[3]))  # (nk, D); half:
+    v_tile = widen_tile(v[b, hk, j0:j1], half_scratch(v, nk * v.shape[3]))  # float32 tiles
     (k_clean, dk_acc, dv_acc, s_buf, dp_buf, q_buf, do_buf, dq_buf, dk_t,
      dv_t) = key_block_buffers(k_tile, v_tile, block_q)
     mask_i, mask_j = mask_strides[2], mask_strides[3]
@@ -211,23 +213,26 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     dv : ndarray, shape (B, Hkv, Lk, Dv)
     """
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
-    dtype = problem.dtype.type
+    dtype = compute_dtype(problem.dtype).type  # float32 for half inputs (given as their bits)
     use_blas = config.HAVE_BLAS if use_blas is None else bool(use_blas)
     use_blas = use_blas and Dv > 0
-    dk = np.zeros((B, Hkv, Lk, D), dtype=dtype)
-    dv = np.zeros((B, Hkv, Lk, Dv), dtype=dtype)
+    dk = np.zeros((B, Hkv, Lk, D), dtype=bits_dtype(problem.dtype))
+    dv = np.zeros((B, Hkv, Lk, Dv), dtype=bits_dtype(problem.dtype))
     if B * H * Lq * Lk == 0:
-        return np.zeros((B, H, Lq, D), dtype=dtype), dk, dv
+        return (np.zeros((B, H, Lq, D), dtype=problem.dtype), dk.view(problem.dtype),
+                dv.view(problem.dtype))
     if parallel is None:
         parallel = problem.work >= config.BACKWARD_SERIAL_WORK_LIMIT
     chunks = key_chunks(problem, numba.get_num_threads()) if parallel else 1
     dq_parts = np.zeros((chunks, B, H, Lq, D), dtype=dtype)
     # Δ = rowsum(dO ∘ O) per row; rows that see no key are never read (their lse is -inf).
     with np.errstate(invalid="ignore", over="ignore"):
-        row_dot = np.einsum("bhid,bhid->bhi", dout, out)  # (B, H, Lq)
+        row_dot = np.einsum("bhid,bhid->bhi", dout.astype(dtype, copy=False),
+                            out.astype(dtype, copy=False))  # (B, H, Lq)
     mask, mask_strides, has_mask = mask_arguments(problem, dtype)
     args = (
-        problem.q, problem.k, problem.v, dout, lse, row_dot, mask, mask_strides, has_mask,
+        bits_view(problem.q), bits_view(problem.k), bits_view(problem.v), bits_view(dout),
+        lse.astype(dtype, copy=False), row_dot, mask, mask_strides, has_mask,
         problem.key_lengths_or_full(), problem.causal_offset is not None,
         problem.causal_offset or 0, dtype(problem.scale),
         np.uint64(dropout_threshold(problem.dropout_p)),
@@ -245,4 +250,4 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
         run_user_code(user_names, kernels[0] if parallel else kernels[1], *args, *mods)
     dq = dq_parts[0] if chunks == 1 else dq_parts.sum(axis=0)
     dq *= dtype(problem.scale)
-    return dq, dk, dv
+    return rounded_to(dq, problem.dtype), dk.view(problem.dtype), dv.view(problem.dtype)

@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from .._dropout import build_dropout_bits
+from .._jit.half import narrow, widen
 from .._jit.math import FASTMATH, fast_exp, float_constants
 from ..mods.cells import FULL
 from .tiles import _mask_score, _scores_by_loops
@@ -81,9 +82,9 @@ def load_rows(q, dout, lse, b, h, i0, q_blk, do_blk):
     for r in range(q_blk.shape[0]):
         seen_any = lse[b, h, i0 + r] != neg_inf
         for d in range(q_blk.shape[1]):
-            q_blk[r, d] = q[b, h, i0 + r, d] if seen_any else zero
+            q_blk[r, d] = widen(q[b, h, i0 + r, d]) if seen_any else zero
         for d in range(do_blk.shape[1]):
-            do_blk[r, d] = dout[b, h, i0 + r, d] if seen_any else zero
+            do_blk[r, d] = widen(dout[b, h, i0 + r, d]) if seen_any else zero
 
 
 @njit(cache=True)
@@ -207,10 +208,11 @@ def add_tile_gradients(ds, pd, q_blk, do_blk, k_clean, dq_t, dk_t, dv_t, dk_acc,
 
 @njit(cache=True, fastmath=FASTMATH)
 def store_key_block(dk_acc, dv_acc, dk, dv, b, hk, j0, scale):
-    """dk[b, hk, j0:] = scale · dk_acc (the scale applied once), dv[b, hk, j0:] = dv_acc."""
+    """dk[b, hk, j0:] = scale · dk_acc (the scale applied once), dv[b, hk, j0:] = dv_acc
+    (for half dk and dv, their bits rounded to nearest even)."""
     for c in range(dk_acc.shape[0]):
         for d in range(dk_acc.shape[1]):
-            dk[b, hk, j0 + c, d] = dk_acc[c, d] * scale
+            dk[b, hk, j0 + c, d] = narrow(dk_acc[c, d] * scale, dk)
         for d in range(dv_acc.shape[1]):
-            dv[b, hk, j0 + c, d] = dv_acc[c, d]
+            dv[b, hk, j0 + c, d] = narrow(dv_acc[c, d], dv)
 

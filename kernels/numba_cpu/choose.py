@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from .._dtypes import is_half
 from .._problem import AttentionProblem
 from . import forward, planner
 from . import micro as micro_kernel
@@ -21,9 +22,10 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     The path computes no mask, dropout or weights and runs parallel; it is taken where
     ``micro`` is True (the planned block, else the dtype's default), or where
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
-    chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).
+    chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
+    never take it: its packed K/V panels are float32 or float64 only.
     """
-    if (micro is False or problem.mask is not None or problem.dropout_p
+    if (micro is False or is_half(problem.dtype) or problem.mask is not None or problem.dropout_p
             or problem.return_weights or parallel is False
             or problem.mask_mod is not None or problem.score_mod is not None):
         return None

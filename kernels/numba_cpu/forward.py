@@ -50,6 +50,8 @@ import numpy as np
 from numba import njit, prange
 
 from .._dropout import dropout_threshold
+from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from .._jit.half import half_scratch, widen_tile
 from .._jit.launch import BLAS_SINGLE_THREADED_WORK, launch_guard, single_threaded_blas
 from .._jit.math import FASTMATH, float_constants, max_key
 from .._problem import AttentionProblem
@@ -100,6 +102,8 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
     (hk, q_blk, key_end, mask_b, mask_i, mask_j, correction, s_buf, o_buf, acc, row_max,
      row_sum, row_nan) = _block_state(q, k, key_lengths, mask_strides, causal, causal_offset,
                                       scale, b, h, i0, i1, max(block_k, narrow_k), Dv)
+    k_scratch = half_scratch(k, max(block_k, narrow_k) * k.shape[3])  # half: float32 tiles
+    v_scratch = half_scratch(v, max(block_k, narrow_k) * Dv)  # of K and V (no copy of K, V)
 
     j = 0
     while j < key_end:  # key tiles [j0, j1)
@@ -152,10 +156,11 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
             partial = not full
             tile_mask = has_mask and not full
         s = s_buf[:rows * nk].reshape((rows, nk))
+        k_tile = widen_tile(k[b, hk, j0:j1], k_scratch)  # (nk, D)
         if blas is None:
-            _scores_by_loops(q_blk[r_lo:], k[b, hk, j0:j1], s)  # (rows, nk)
+            _scores_by_loops(q_blk[r_lo:], k_tile, s)  # (rows, nk)
         else:
-            _scores_by_blas(q_blk[r_lo:], k[b, hk, j0:j1], s)
+            _scores_by_blas(q_blk[r_lo:], k_tile, s)
         for rr in range(rows):
             r = r_lo + rr
             i = i0 + r
@@ -209,7 +214,7 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                     weights[b, h, i, j0 + c] = s_row[c]
             _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan,
                          correction, threshold, keep_scale, seed, b, h, i, j0)
-        v_tile = v[b, hk, j0:j1]  # (nk, Dv)
+        v_tile = widen_tile(v[b, hk, j0:j1], v_scratch)  # (nk, Dv)
         o = o_buf[:rows]  # (rows, Dv); hidden pairs have p = 0
         # The loops skip p = 0 and never read a hidden value.  A BLAS product would turn a
         # hidden inf or NaN into 0 · inf: a partly hidden tile holding one goes through
@@ -346,14 +351,15 @@ def run_tiles(problem: AttentionProblem, *, parallel: bool | None = None,
     """
     use_blas = config.HAVE_BLAS if use_blas is None else bool(use_blas)
     B, H, _, Lq, Lk, _, Dv = problem.shape
-    dtype = problem.dtype.type
+    dtype = compute_dtype(problem.dtype).type  # float32 for half inputs
     if problem.return_weights:
         weights = np.full((B, H, Lq, Lk), -np.inf, dtype=dtype)
     else:
         weights = np.empty((1, 1, 1, 1), dtype=dtype)  # unused; keeps one signature
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
+    out_bits = np.empty((B, H, Lq, Dv), dtype=bits_dtype(problem.dtype))  # half: its bits
+    out = out_bits.view(problem.dtype)
     lse = np.empty((B, H, Lq), dtype=dtype)  # written by every row: an O(Lq) extra
-    result = (out, weights if problem.return_weights else None)
+    result = (out, rounded_to(weights, problem.dtype) if problem.return_weights else None)
     if B * H * Lq == 0:
         return result + (lse,) if return_lse else result
     mask, mask_strides, has_mask = mask_arguments(problem, dtype)
@@ -366,12 +372,12 @@ def run_tiles(problem: AttentionProblem, *, parallel: bool | None = None,
         block_q = mask_block_rows(problem, mods[1], mods[2], block_q)
         narrow_k = config.CELL_K
     args = (
-        problem.q, problem.k, problem.v, mask, mask_strides, has_mask,
-        problem.key_lengths_or_full(),
+        bits_view(problem.q), bits_view(problem.k), bits_view(problem.v), mask, mask_strides,
+        has_mask, problem.key_lengths_or_full(),
         problem.causal_offset is not None, problem.causal_offset or 0,
         dtype(problem.scale), np.uint64(dropout_threshold(problem.dropout_p)),
         dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed),
-        out, weights, problem.return_weights,
+        out_bits, weights, problem.return_weights,
         block_q, config.BLOCK_K, narrow_k, True if use_blas else None, lse,
     ) + mods
     if all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3])):
@@ -389,4 +395,6 @@ def run_tiles(problem: AttentionProblem, *, parallel: bool | None = None,
     with launch_guard() if parallel else nullcontext(), (
             single_threaded_blas() if guarded else nullcontext()):
         run_user_code(user_names(problem), kernel, *args)
+    if problem.return_weights:  # half weights: rounded from float32
+        result = (out, rounded_to(weights, problem.dtype))
     return result + (lse,) if return_lse else result

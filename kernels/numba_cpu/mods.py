@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from .._dtypes import compute_dtype
 from .._jit.math import FASTMATH
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
@@ -106,7 +107,7 @@ def mod_functions(problem: AttentionProblem) -> tuple[tuple, tuple]:
     :func:`kernels.mods.lowering.run_user_code` names in an error.
     """
     mods = mods_cache.cacheable(problem, mod_arguments(problem, "cpu"))
-    dtype = problem.dtype
+    dtype = compute_dtype(problem.dtype)  # float32 for half inputs
     if problem.score_mod is None:
         grad_fn = identity_score_grad("cpu", dtype)
         grad_key = f"no_score_grad[{dtype.name}]"

@@ -12,6 +12,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .._dropout import build_dropout_bits
+from .._jit.half import compute_dtype_of, half_scratch, narrow, widen_tile
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key
 
 _dropout_bits = build_dropout_bits(njit(cache=True))
@@ -265,7 +266,7 @@ def _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse
         if row_sum[r] > zero:
             inv_sum = one / row_sum[r]
         for d in range(acc.shape[1]):
-            out[b, h, i, d] = acc[r, d] * inv_sum if not nan_row else zero / zero
+            out[b, h, i, d] = narrow(acc[r, d] * inv_sum if not nan_row else zero / zero, out)
         lse[b, h, i] = row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf
         if nan_row:
             lse[b, h, i] = zero / zero
@@ -291,15 +292,17 @@ def _block_state(q, k, key_lengths, mask_strides, causal, causal_offset, scale, 
     of its rows can see, its mask offsets, the per-row correction of the current tile, the
     score buffer (``tile_k`` keys per row), the P · V buffer and the accumulated output
     (``dv`` columns), and the running max, sum and NaN flag of each row.  Inlined into the
-    kernels' Numba IR, so the tuple costs nothing.
+    kernels' Numba IR, so the tuple costs nothing.  Half inputs (their bits) are computed
+    in float32: the block's queries are widened into a float32 tile.
     """
-    dtype = q.dtype
+    dtype = compute_dtype_of(q)
     n_rows = i1 - i0
     neg_inf = float_constants(scale)[2]  # in the input dtype (that of scale)
     key_end = key_lengths[b]
     if causal:
         key_end = min(key_end, i1 + causal_offset)  # the last row sees keys < i1 + offset
-    return (h // (q.shape[1] // k.shape[1]), q[b, h, i0:i1], key_end,
+    q_blk = widen_tile(q[b, h, i0:i1], half_scratch(q, n_rows * q.shape[3]))
+    return (h // (q.shape[1] // k.shape[1]), q_blk, key_end,
             b * mask_strides[0] + h * mask_strides[1], mask_strides[2], mask_strides[3],
             np.ones(n_rows, dtype=dtype),  # exp(m_old - m_new) of the current tile
             np.empty(n_rows * tile_k, dtype=dtype),  # scores, then P, of a tile

@@ -32,7 +32,7 @@ from .forward import _logsumexp_visible, _softmax_visible, _weighted_values, sin
 
 
 def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.float64,
-                 keep_precision=False, scores_from=None):
+                 keep_precision=False, scores_from=None, round_to=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(dout * attention(problem))`` by the formulas above.
 
     Parameters
@@ -50,6 +50,9 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
         Compute the scaled scores ``Q Kᵀ · scale`` in this wider dtype and round them to
         ``compute_dtype`` (the second tolerance baseline, as in
         :func:`kernels.reference.forward.run`).
+    round_to : dtype, optional
+        Take rowsum(dO ∘ O) from the output rounded to this (half) dtype, as a half
+        implementation does from its stored output (the half baseline).
 
     Returns
     -------
@@ -100,7 +103,8 @@ def run_backward(problem: AttentionProblem, dout: np.ndarray, compute_dtype=np.f
 
         # dO · Vᵀ at every pair: garbage where hidden, removed by the np.where below.
         d_probs = (do @ v.swapaxes(-1, -2)) * keep_scale  # dP, (B, H, Lq, Lk)
-        row_dot = np.where(sees_a_key, (do * out).sum(axis=-1), zero)  # (B, H, Lq)
+        stored = out if round_to is None else out.astype(round_to).astype(ct)  # O as kept
+        row_dot = np.where(sees_a_key, (do * stored).sum(axis=-1), zero)  # (B, H, Lq)
         d_scores = probs * (d_probs - row_dot[..., None])
         if score_grad is not None:
             d_scores = d_scores * score_grad

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._dropout import keep_mask
+from .._dtypes import compute_dtype as dtype_computed_in
 from .._problem import AttentionProblem
 from . import formulas
 
@@ -81,7 +82,7 @@ def sink_logits(problem: AttentionProblem, ct):
 
 
 def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=False,
-        return_lse=False, scores_from=None):
+        return_lse=False, scores_from=None, round_to=None):
     """Attention for a validated problem; returns ``(out, weights or None)``.
 
     With ``return_lse``, ``(out, weights or None, lse)``: lse (B, H, Lq) is the log-sum-exp
@@ -101,7 +102,12 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
         ``compute_dtype``: the formula as an implementation whose dot products are
         correctly rounded evaluates it (the second tolerance baseline,
         :func:`attnbench.measure.oracle.oracle`).
+    round_to : dtype, optional
+        Round the scaled scores (where finite in it), the weights and the output to this
+        (half) dtype, computing in ``compute_dtype`` between: the formula as a standard
+        half-precision implementation rounds it (the half baseline).
     """
+    rnd = _rounding(round_to)
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
     group = H // Hkv
     ct = np.dtype(compute_dtype).type
@@ -119,22 +125,39 @@ def run(problem: AttentionProblem, compute_dtype=np.float64, keep_precision=Fals
             k_wide = np.repeat(problem.k.astype(wide), group, axis=1)
             scores = ((problem.q.astype(wide) @ k_wide.swapaxes(-1, -2))
                       * wide(problem.scale)).astype(ct)
+        scores = rnd(scores)
         if problem.score_mod is not None:  # on the scaled scores, before the mask
             scores = formulas.scores(problem.score_mod, scores, ct)
         if problem.mask is not None:
             scores = scores + problem.additive_mask().astype(ct)
     visible = problem.visible(formulas.visible)  # (B, H, Lq, Lk)
     sinks = sink_logits(problem, ct)  # (1, H, 1, 1) or None
-    weights = _softmax_visible(scores, visible, sinks)  # (B, H, Lq, Lk)
+    weights = rnd(_softmax_visible(scores, visible, sinks))  # (B, H, Lq, Lk)
 
     probs = weights
     if problem.dropout_p > 0:
         keep = keep_mask(problem.seed, problem.dropout_p, (B, H, Lq, Lk))
         probs = weights * keep / ct(1.0 - problem.dropout_p)
-    out = _weighted_values(probs, visible, v)  # (B, H, Lq, Dv)
+    out = rnd(_weighted_values(probs, visible, v))  # (B, H, Lq, Dv)
 
     dtype = ct if keep_precision else problem.dtype
     result = out.astype(dtype), (weights.astype(dtype) if problem.return_weights else None)
-    if return_lse:
-        return result + (_logsumexp_visible(scores, visible, sinks).astype(dtype),)
+    if return_lse:  # float32 for half inputs
+        lse_dtype = ct if keep_precision else dtype_computed_in(problem.dtype)
+        return result + (_logsumexp_visible(scores, visible, sinks).astype(lse_dtype),)
     return result
+
+
+def _rounding(dtype):
+    """``x -> x`` rounded to ``dtype`` and back where it stays finite there (a float16 score
+    above 65504 stays as it was: a standard implementation keeps its scores in float32);
+    the identity for None."""
+    if dtype is None:
+        return lambda x: x
+
+    def rnd(x):
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = x.astype(dtype).astype(x.dtype)
+        return np.where(np.isfinite(y) | ~np.isfinite(x), y, x)
+
+    return rnd

@@ -1,0 +1,139 @@
+"""``attnbench bench``'s precision section: half-precision inputs against float32 (issue 25).
+
+The numba backend computes float16 and bfloat16 inputs in float32 from half loads widened
+tile by tile, so a half call does the float32 call's arithmetic on half the bytes.  Each
+group is timed in interleaved rounds (numba backend, B=1, H=12, D=64, the first call of
+each dtype compiles its kernel: the warm-up):
+
+- ``prefill``: float32, bfloat16 and float16 forward calls at each of
+  ``config.precision_lengths``, causal and not (target: each half time <= 1.10x
+  float32's), and torch's SDPA in bfloat16 beside them where torch is installed (target:
+  numba bf16 / torch bf16 <= 1.0);
+- ``backward``: the causal and non-causal backward (``out`` and ``lse`` given) in float32
+  and bfloat16 at ``config.precision_backward_length`` (target <= 1.15x).
+
+Rows keep their samples (``samples_ms``): the targets are decided from the ratio's 95%
+interval (:mod:`attnbench.bench.interval_targets`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import pandas as pd
+
+import kernels
+from attnbench.bench.backward import _dout, numba_backward_call
+from attnbench.bench.config import BenchConfig
+from attnbench.bench.interval_targets import _find, _ratio_target
+from attnbench.bench.sections import _inputs, _row, interval_timings
+from attnbench.measure import peers
+from attnbench.measure.flops import attention_flops, backward_flops, gflops
+from attnbench.measure.intervals import format_samples
+from kernels._dtypes import as_dtype
+
+#: The dtypes of the prefill group (float32 first: the denominator of every ratio).
+PREFILL_DTYPES = ("float32", "bfloat16", "float16")
+#: Those of the backward group.
+BACKWARD_DTYPES = ("float32", "bfloat16")
+#: The ``impl`` of torch's bfloat16 rows.
+TORCH = "torch"
+
+
+def _torch_call(q, k, v, causal: bool) -> Callable[[], object] | None:
+    """torch's CPU SDPA on bfloat16 copies of q, k, v (None where torch is missing)."""
+    if not peers.peer_status(TORCH)[0]:
+        return None
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
+               for x in (q, k, v)]
+
+    def call():
+        with torch.no_grad():
+            return torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=causal)
+    return call
+
+
+def _rows(config: BenchConfig, group: str, L: int, causal: bool, threads: int,
+          calls: dict[tuple[str, str], tuple[Callable[[], object], int]]) -> list[dict]:
+    """Time ``calls`` ((impl, dtype) -> (call, FLOPs)) interleaved; one row each."""
+    timings = interval_timings({f"{impl} {dtype}": call
+                                for (impl, dtype), (call, _) in calls.items()}, config)
+    rows = []
+    for (impl, dtype), (_, flops) in calls.items():
+        timing = timings[f"{impl} {dtype}"]
+        rows.append(_row("precision", impl, variant=group, B=config.batch, H=config.heads,
+                         L=L, D=config.head_size, causal=causal, dtype=as_dtype(dtype),
+                         threads=threads, **timing.ms_columns(),
+                         samples_ms=format_samples(timing.samples),
+                         gflops=gflops(flops, timing.median)))
+    return rows
+
+
+def precision_section(config: BenchConfig, threads: int,
+                      progress: Callable[[str], None] = print) -> list[dict]:
+    """The precision section's rows (see the module's docstring)."""
+    B, H, D = config.batch, config.heads, config.head_size
+    rows = []
+    for L in config.precision_lengths:
+        base = _inputs(B, H, L, D, np.float32)  # the same values in every dtype
+        for causal in config.causal:
+            progress(f"precision prefill L={L} {'causal' if causal else 'non-causal'}: "
+                     "float32, bfloat16, float16")
+            flops = attention_flops(B, H, L, L, D, causal=causal)
+            calls = {}
+            for name in PREFILL_DTYPES:
+                q, k, v = (x.astype(as_dtype(name)) for x in base)
+                calls["numba", name] = (partial(kernels.attention, q, k, v, causal=causal,
+                                                backend="numba"), flops)
+            torch_call = _torch_call(*base, causal) if TORCH in config.peers else None
+            if torch_call is not None:
+                calls[TORCH, "bfloat16"] = (torch_call, flops)
+            rows += _rows(config, "prefill", L, causal, threads, calls)
+    L = config.precision_backward_length
+    base = _inputs(B, H, L, D, np.float32)
+    for causal in config.causal:
+        progress(f"precision backward L={L} {'causal' if causal else 'non-causal'}: "
+                 "float32, bfloat16")
+        calls = {}
+        for name in BACKWARD_DTYPES:
+            q, k, v = (x.astype(as_dtype(name)) for x in base)
+            calls["numba", name] = (numba_backward_call(q, k, v, _dout(q), causal),
+                                    backward_flops(B, H, L, L, D, causal=causal))
+        rows += _rows(config, "backward", L, causal, threads, calls)
+    return rows
+
+
+def precision_targets(table: pd.DataFrame, causal_kinds=(False, True)) -> list[dict]:
+    """The precision section's targets, each from the ratio's 95% interval."""
+    rows = table[(table["section"] == "precision") & (table["status"] == "ok")]
+
+    def pairs(group, num, den):
+        found = []
+        for L in sorted(int(L) for L in rows[rows["variant"] == group]["L"].unique()):
+            for causal in causal_kinds:
+                a = _find(rows, variant=group, L=L, causal=causal, impl=num[0], dtype=num[1])
+                b = _find(rows, variant=group, L=L, causal=causal, impl=den[0], dtype=den[1])
+                if a is not None and b is not None:
+                    found.append((f"L={L}{' causal' if causal else ''}", a, b))
+        return found
+
+    shape = "numba, B=1 H=12 D=64, causal and not"
+    return [
+        _ratio_target("bfloat16 prefill / float32", shape,
+                      pairs("prefill", ("numba", "bfloat16"), ("numba", "float32")), 1.10,
+                      at_most=True),
+        _ratio_target("float16 prefill / float32", shape,
+                      pairs("prefill", ("numba", "float16"), ("numba", "float32")), 1.10,
+                      at_most=True),
+        _ratio_target("bfloat16 backward / float32", shape,
+                      pairs("backward", ("numba", "bfloat16"), ("numba", "float32")), 1.15,
+                      at_most=True),
+        _ratio_target("numba / torch SDPA, bfloat16", shape,
+                      pairs("prefill", ("numba", "bfloat16"), (TORCH, "bfloat16")), 1.0,
+                      at_most=True, note="" if peers.peer_status(TORCH)[0]
+                      else "torch is not installed"),
+    ]
