@@ -12,7 +12,8 @@ import numbers
 import numpy as np
 
 from ._decode_problem import DecodeProblem
-from ._validate import SUPPORTED_DTYPES, _check_scale
+from ._dtypes import FULL_DTYPES
+from ._validate import _check_scale
 
 
 def _float_array(name: str, x, dtype=None) -> np.ndarray:
@@ -20,8 +21,9 @@ def _float_array(name: str, x, dtype=None) -> np.ndarray:
         if hasattr(x, "__cuda_array_interface__"):
             raise TypeError(f"{name} is a device array; attention_with_kvcache takes NumPy arrays")
         x = np.asarray(x)
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; expected float32 or float64")
+    if x.dtype not in FULL_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected float32 or float64 (half "
+                        "precision is on kernels.attention and attention_backward only, so far)")
     if dtype is not None and x.dtype != dtype:
         raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q")
     return x

@@ -25,8 +25,11 @@ FLOAT16 = np.dtype(np.float16)
 BFLOAT16 = None if _ml_dtypes is None else np.dtype(_ml_dtypes.bfloat16)
 #: The half dtypes available here.
 HALF_DTYPES = (FLOAT16,) if BFLOAT16 is None else (FLOAT16, BFLOAT16)
-#: Every dtype q, k and v may have.
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
+#: The dtypes computed in their own precision (what the decode and varlen entry points
+#: take: half precision is on attention and attention_backward only, so far).
+FULL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: Every dtype q, k and v of attention and attention_backward may have.
+SUPPORTED_DTYPES = FULL_DTYPES + HALF_DTYPES
 
 
 def bfloat16_dtype():

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._api import attention, attention_backward
 from ._dispatch import BackendUnavailableError, cuda_status
+from ._dtypes import FULL_DTYPES
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import _as_float_array, causal_offset, check_backend, check_dropout, check_qkv
 from ._varlen_problem import VarlenProblem
@@ -77,6 +78,10 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         arrays.append(x)
     # As (heads, total, head size), the dense checks apply (dtypes, D, heads, keys = values).
     q, k, v = (x.transpose(1, 0, 2) for x in check_qkv(*(x.transpose(1, 0, 2) for x in arrays)))
+    if q.dtype not in FULL_DTYPES:
+        raise TypeError(f"q, k and v have dtype {q.dtype}; attention_varlen takes float32 or "
+                        "float64 (half precision is on kernels.attention and "
+                        "attention_backward only, so far)")
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], len(cu_q) - 1)
     _check_max("max_seqlen_q", max_seqlen_q, np.diff(cu_q))

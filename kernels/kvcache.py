@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from ._decode_api import attention_with_kvcache
-from ._validate import SUPPORTED_DTYPES
+from ._dtypes import FULL_DTYPES
 
 __all__ = ["KVCache"]
 
@@ -56,8 +56,9 @@ class KVCache:
         self.max_len, head_dim = _count("max_len", max_len), _count("head_dim", head_dim)
         value_dim = head_dim if value_dim is None else _count("value_dim", value_dim)
         self.dtype = np.dtype(dtype)
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64; got {self.dtype}")
+        if self.dtype not in FULL_DTYPES:
+            raise TypeError(f"dtype must be float32 or float64; got {self.dtype} (decoding "
+                            "takes no half precision yet)")
         if page_size is None:
             slots = (batch, n_kv_heads, self.max_len)
             self.block_table = None

@@ -13,6 +13,16 @@ import pytest
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+# The property tests draw the same examples on every run and machine (as Hypothesis's own
+# "ci" profile does), so that a red run can be rerun and a green one means the same thing
+# everywhere; HYPOTHESIS_PROFILE=explore draws new examples each run (and keeps failures in
+# .hypothesis/ to replay them).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("attnbench", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attnbench"))
+
 
 @pytest.fixture(autouse=True)
 def _numba_backend_on_its_blas_tiles(monkeypatch):

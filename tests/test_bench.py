@@ -22,8 +22,8 @@ TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", 
         "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",
         "--parallel-L", "128", "--startup-runs", "1",
         "--only", *(name for name in bench_config.SECTIONS
-                    if name not in ("backward", "variants", "decode",
-                                     "precision"))]
+                    if name not in ("backward", "variants", "decode", "varlen",
+                                     "precision"))]  # those have tests of their own
 
 
 @pytest.fixture(scope="module")

@@ -107,3 +107,17 @@ def test_ctrl_c_in_the_agreement_check_exits_130_without_a_traceback(tmp_path, m
     monkeypatch.setattr(attnbench.sweep.agreement, "agreement_table", interrupted)
     assert main(["run", "--grid", "tiny", "--out", str(tmp_path)]) == 130
     assert "attnbench run: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_the_agreement_grid_leaves_out_the_dtypes_a_backend_does_not_take():
+    """cuda takes no half dtypes yet: its half rows are left out, not failed; its float32
+    and float64 rows are there and agree (in Numba's CUDA simulator without a GPU)."""
+    from attnbench.sweep.agreement import agreement_table, takes_dtype
+
+    assert not takes_dtype("cuda", "bfloat16") and takes_dtype("numba", "float16")
+    table = agreement_table("tiny", backends=["cuda"], max_time=0.001, settle=0.0,
+                            with_machine=False)
+    assert set(table["dtype"]) == {"float32", "float64"}
+    assert len(table) == 2 * len(MASK_KINDS)  # one tiny shape x every mask kind x 2 dtypes
+    assert table["ok"].all(), table[~table["ok"]]

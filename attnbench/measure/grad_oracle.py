@@ -5,8 +5,10 @@ backend must lie within twice the error of the same formulas evaluated in the in
 (:func:`kernels.reference.backward.run_backward` with ``compute_dtype`` the input dtype)
 plus a few ulps, against the formulas in the wider dtype (float64 for float32 inputs,
 ``np.longdouble`` for float64).  Of the two plain evaluations (the BLAS's scores, and
-correctly rounded ones) the one farther from the oracle counts, gradient by gradient.  The fused backends rebuild the softmax from a stored
-log-sum-exp, which adds :func:`lse_rounding` to their tolerance.
+correctly rounded ones) the one farther from the oracle counts, gradient by gradient.
+The fused backends rebuild the softmax from a stored log-sum-exp, which adds
+:func:`lse_rounding` to their tolerance, and form dS from two row dots that may cancel,
+which adds :func:`row_dot_rounding`.
 
 Half inputs: the plain formulas run in float32, with rowsum(dO ∘ O) taken from O rounded to
 the half dtype (a half implementation keeps its output, and reads it back, in that dtype),
@@ -15,13 +17,17 @@ and their gradients are rounded to the half dtype.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
-from kernels._dtypes import compute_dtype, is_half
+from kernels._dtypes import compute_dtype, eps, is_half
+from kernels.reference import forward as reference_forward
 from kernels.reference.backward import run_backward
 
-__all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding"]
+__all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding",
+           "row_dot_rounding"]
 
 #: Names of the three gradients, in the order :func:`kernels.attention_backward` returns them.
 GRADIENTS = ("dq", "dk", "dv")
@@ -72,6 +78,50 @@ def lse_rounding(exact: np.ndarray, lse: np.ndarray) -> float:
         return 0.0
     half_ulp = 0.5 * float(np.spacing(finite.max().astype(lse.dtype)))
     return 2.0 * float(np.max(np.abs(exact), initial=0.0)) * half_ulp
+
+
+def row_dot_rounding(problem, dout: np.ndarray) -> tuple[float, float, float]:
+    """The error the fused backward's two row dots bring into dq and dk, per gradient.
+
+    A fused backward forms dS = P ∘ (dP − δ) from dP = dO·Vᵀ (a tile product) and
+    δ = rowsum(dO ∘ O) (O as stored), two dots of Dv terms summed in different orders.
+    Where they nearly cancel (one visible key: P = 1, O = v, dS = 0 exactly) the result
+    is their rounding, about one ulp of ``Σ_d |dO_d v_d|`` and of ``Σ_d |dO_d O_d|``,
+    which the plain formula can happen to avoid (same order for both), so a tolerance
+    built from its error alone has nothing for it.  Carried through dQ = dS·K·scale and
+    dK = dSᵀ·Q·scale with the oracle's P, the bound is, entry by entry,
+    ``scale · Σ_j P_ij · ε · (κ Σ_d |dO_id||v_jd| + Σ_d |dO_id||O_id|) · |k_j|`` (dq; dk
+    alike with |q_i|, summed over a GQA group), ε the compute dtype's epsilon, κ the
+    dropout's 1/(1−p).  dV = Pᵀ·dO has no such term.
+
+    Parameters
+    ----------
+    problem : kernels.AttentionProblem
+    dout : ndarray, shape (B, H, Lq, Dv)
+
+    Returns
+    -------
+    tuple of float
+        The largest bound for dq, dk and dv (0).
+    """
+    B, H, Hkv, Lq, Lk, D, Dv = problem.shape
+    group = H // Hkv
+    weighted = replace(problem, return_weights=True, dropout_p=0.0)
+    probs = np.asarray(reference_forward.run(weighted, compute_dtype=np.float64)[1],
+                       dtype=np.float64)
+    out = reference_forward.run(problem, compute_dtype=np.float64, keep_precision=True)[0]
+    do = np.abs(dout.astype(np.float64))
+    k = np.repeat(np.abs(problem.k.astype(np.float64)), group, axis=1)
+    v = np.repeat(np.abs(problem.v.astype(np.float64)), group, axis=1)
+    q = np.abs(problem.q.astype(np.float64))
+    keep = 1.0 / (1.0 - problem.dropout_p)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = keep * (do @ v.swapaxes(-1, -2)) + (do * np.abs(out)).sum(axis=-1)[..., None]
+        per_pair = np.nan_to_num(eps(compute_dtype(problem.dtype)) * probs * dots)
+        dq = problem.scale * (per_pair @ np.nan_to_num(k))
+        dk = problem.scale * (per_pair.swapaxes(-1, -2) @ np.nan_to_num(q))
+    dk = dk.reshape(B, Hkv, group, Lk, D).sum(axis=2)
+    return (float(np.max(dq, initial=0.0)), float(np.max(dk, initial=0.0)), 0.0)
 
 
 def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
