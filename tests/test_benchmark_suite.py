@@ -10,20 +10,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.benchmarks import test_backward, test_mods
+from tests.benchmarks import test_backward, test_decode, test_mods, test_precision
 from tests.benchmarks.test_attention import BACKENDS, MASKS, SHAPES
 from tests.benchmarks.test_peers import PEERS
 
 #: Benchmarks on the tiny grid: forward per backend and peer, backward per backend that
-#: has one (two timings each), and every kernels.mods built-in per backend.
+#: has one (two timings each), every kernels.mods built-in per backend; the precision
+#: benchmarks (prefill per dtype and mask, backward in float32 and bfloat16); decode steps
+#: (per backend, cache length and layout); packed batches (3 ways, causal and not) and sinks
+#: (with and without).
 N_TINY = len(SHAPES["tiny"]) * (
     len(MASKS) * (len(BACKENDS) + len(PEERS))
     + len(MASKS) * len(test_backward.BACKENDS) * len(test_backward.PASSES)
-    + len(test_mods.MODS) * len(test_mods.BACKENDS))
+    + len(test_mods.MODS) * len(test_mods.BACKENDS)
+    + len(MASKS) * len(test_precision.DTYPES) + 2) \
+    + 2 * len(test_decode.LENGTHS["tiny"]) * len(test_decode.LAYOUTS) \
+    + 3 * 2 + 2
 
 REPO = Path(__file__).resolve().parents[1]
-#: The mods benchmarks run here: the plain call and one score function.
-MODS_SUBSET = "not test_mod or plain or alibi"
+#: The benchmarks of the JSON test: the forward, backward and peers, and of the mods the
+#: plain call and one score function (the decode, packed-batch and precision benchmarks
+#: have extra_info of their own and are counted above).
+MODS_SUBSET = ("(not test_mod or plain or alibi) and not test_decode and not test_varlen "
+               "and not test_precision")
 #: Short runs: the numbers are not the point here, the plumbing is.
 QUICK = ("--benchmark-max-time=0.005", "--benchmark-min-rounds=3")
 
