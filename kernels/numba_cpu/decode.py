@@ -33,7 +33,8 @@ from .._jit.math import FASTMATH, fast_exp, float_constants
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
-from ..mods.lowering import mod_arguments, user_names
+from ..mods.lowering import user_names
+from .forward import mod_functions
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
 CHUNK = 64
@@ -275,7 +276,7 @@ def run(problem: DecodeProblem):
         return out, lse
     part_out = np.empty((n_splits, B, H, Lq, Dv), dtype=dtype)
     part_lse = np.empty((n_splits, B, H, Lq), dtype=dtype)
-    mods = _mod_functions(problem)
+    mods = mod_functions(problem)  # the forward's: it reads only the problem's mods
     kernel = _decode_splits
     if not all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3])):
         kernel = _decode_splits_user  # a user function: compiled once per process
@@ -286,16 +287,3 @@ def run(problem: DecodeProblem):
                       *mods)
         _merge_splits(part_out, part_lse, out, lse, dtype(0))
     return out, lse
-
-
-def _mod_functions(problem: DecodeProblem) -> tuple:
-    """``(mask_fn, tile_fn, mask_args, score_fn, score_args)``; None for absent mods."""
-    if problem.mask_mod is None and problem.score_mod is None:
-        return (None,) * 5
-    mask_fn, tile_fn, mask_args, score_fn, score_args = mods_cache.cacheable(
-        problem, mod_arguments(problem, "cpu"))
-    if problem.mask_mod is None:
-        mask_fn = tile_fn = mask_args = None
-    if problem.score_mod is None:
-        score_fn = score_args = None
-    return mask_fn, tile_fn, mask_args, score_fn, score_args
