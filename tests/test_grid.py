@@ -35,7 +35,7 @@ BAD_MAPPINGS = [
     ({"L": [1.5]}, ["L", "positive"]),
     ({"heads": [True]}, ["heads", "positive"]),
     ({"mask": ["triangle"]}, ["mask", "triangle", "causal"]),
-    ({"dtype": ["float16"]}, ["dtype", "float16", "float32"]),
+    ({"dtype": ["int8"]}, ["dtype", "int8", "float32", "bfloat16"]),
     ({"backend": ["jax"]}, ["backend", "jax", "numba"]),
     ({"seq_len": [4]}, ["unknown parameter", "seq_len", "d_k"]),
     ({"L": []}, ["L", "no values"]),
@@ -46,6 +46,11 @@ BAD_MAPPINGS = [
     ({"variant": ["relative"]}, ["variant", "relative", "alibi"]),
     ({"variant": []}, ["variant", "no values"]),
 ]
+
+
+def test_half_dtypes_are_grid_values():
+    grid = grid_from_mapping({"dtype": ["float16", "bfloat16"], "backend": "numba"})
+    assert {point.dtype for point in grid.points()} == {"float16", "bfloat16"}
 
 
 @pytest.mark.parametrize("mapping, words", BAD_MAPPINGS)

@@ -107,7 +107,7 @@ class Point:
     kv_heads: int  # key/value heads; heads must be a multiple (GQA/MQA)
     batch: int
     mask: str  # one of MASK_KINDS
-    dtype: str  # "float32" or "float64"
+    dtype: str  # one of DTYPES
     direction: str = "forward"  # one of DIRECTIONS
     variant: str = "none"  # of VARIANT_FORMS
 
