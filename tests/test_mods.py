@@ -269,7 +269,13 @@ def test_user_functions_with_bound_arrays_match_the_builtins(serial):
     out = kernels.attention(q, k, v, mask_mod=user, causal=True, backend="numba")
     builtin = kernels.attention(q, k, v, mask_mod=mods.document(DOCS), causal=True,
                                 backend="numba")
-    np.testing.assert_array_equal(out, builtin)  # same arithmetic, same tiles' contents
+    # Not bit equality: the built-in kernel may come from Numba's disk cache and the user kernel
+    # from a fresh compile, and with reassociation allowed the two need not round alike.  Both
+    # must meet the reference's tolerance, and agree with each other within it.
+    (exact, _), (plain, _) = oracle(q, k, v, mask_mod=mods.document(DOCS), causal=True)
+    tol = tolerance(exact, plain, q.dtype)
+    assert max_error(out, exact) <= tol and max_error(builtin, exact) <= tol
+    assert max_error(out, builtin) <= 2 * tol
     assert_matches_reference(q, k, v, "numba", mask_mod=user, causal=True)
 
 
@@ -505,9 +511,9 @@ def test_block_mask_cells_skip_the_element_function(serial):
     assert set(np.unique(table)) == {mods.EMPTY, mods.FULL}
     raising = mods.BlockMask(mods.mask_mod(_never_called), table, CELL, CELL, 150, 150, 0.0)
     q, k, v = _qkv(B=1, H=1, Hkv=1)
-    out = kernels.attention(q, k, v, mask_mod=raising, backend="numba")
-    np.testing.assert_array_equal(
-        out, kernels.attention(q, k, v, mask_mod=mods.document(ids), backend="numba"))
+    out = kernels.attention(q, k, v, mask_mod=raising, backend="numba")  # did not raise
+    (exact, _), (plain, _) = oracle(q, k, v, mask_mod=mods.document(ids))
+    assert max_error(out, exact) <= tolerance(exact, plain, q.dtype)
     with pytest.raises(ValueError, match="_never_called"):  # where a cell is partial, it runs
         kernels.attention(q, k, v, mask_mod=raising, causal=True, backend="numba")
 
