@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._decode_validate import append_to_cache, check_decode_args
-from ._dispatch import BackendUnavailableError, cuda_status, decode_module, has_real_gpu
+from ._dispatch import decode_module, has_real_gpu, require_cuda
 from ._validate import check_backend
 
 __all__ = ["attention_with_kvcache"]
@@ -112,8 +112,6 @@ def _resolve(backend: str, problem) -> str:
             return "cuda"
         return "numba"
     if backend == "cuda":
-        usable, why = cuda_status()
-        if not usable:
-            raise BackendUnavailableError(f"backend='cuda' cannot run here: {why}")
+        require_cuda()
         decode_module("cuda").check_supported(problem)  # before anything is written
     return backend

@@ -95,6 +95,14 @@ def available_backends() -> list[str]:
     return names
 
 
+def require_cuda() -> None:
+    """Raise :class:`BackendUnavailableError`, saying why, unless the cuda backend can run
+    here (:func:`cuda_status`)."""
+    usable, why = cuda_status()
+    if not usable:
+        raise BackendUnavailableError(f"backend='cuda' cannot run here: {why}")
+
+
 def resolve(backend: str, problem: AttentionProblem) -> str:
     """Turn ``backend`` (already checked to be a known name) into the backend that runs."""
     if backend == "auto":
@@ -102,9 +110,7 @@ def resolve(backend: str, problem: AttentionProblem) -> str:
             return "cuda"
         return "numba"
     if backend == "cuda":
-        usable, why = cuda_status()
-        if not usable:
-            raise BackendUnavailableError(f"backend='cuda' cannot run here: {why}")
+        require_cuda()
         from .cuda.launch import check_supported
 
         check_supported(problem)

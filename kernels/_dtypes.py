@@ -133,6 +133,14 @@ def bits_dtype(dtype) -> np.dtype:
     return dtype
 
 
+def _finfo(dtype):
+    """``np.finfo`` of ``dtype``, or ml_dtypes' for bfloat16 (which NumPy's does not know)."""
+    dtype = np.dtype(dtype)
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        return _ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
+
+
 def eps(dtype) -> float:
     """Machine epsilon of ``dtype``, the half dtypes included (``np.finfo`` does not know
     bfloat16).
@@ -145,10 +153,7 @@ def eps(dtype) -> float:
     -------
     float
     """
-    dtype = np.dtype(dtype)
-    if BFLOAT16 is not None and dtype == BFLOAT16:
-        return float(_ml_dtypes.finfo(dtype).eps)
-    return float(np.finfo(dtype).eps)
+    return float(_finfo(dtype).eps)
 
 
 def largest(dtype) -> float:
@@ -162,10 +167,7 @@ def largest(dtype) -> float:
     -------
     float
     """
-    dtype = np.dtype(dtype)
-    if BFLOAT16 is not None and dtype == BFLOAT16:
-        return float(_ml_dtypes.finfo(dtype).max)
-    return float(np.finfo(dtype).max)
+    return float(_finfo(dtype).max)
 
 
 def rounded_to(x, dtype):

@@ -23,13 +23,21 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from pathlib import Path
+
 from attnbench.cli import main
+from attnbench.sweep.agreement import DTYPES as AGREEMENT_DTYPES
+from attnbench.sweep.agreement import MASK_KINDS, select_backends, takes_dtype
 from attnbench.sweep.grid import GRIDS, expand
+from kernels import has_real_gpu
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
+
+REPO = Path(__file__).resolve().parents[1]
 
 #: Tones a summary card may have.
 TONES = {"ok", "warn", "bad", "none"}
@@ -46,16 +54,32 @@ def busy_loop():
         spinner.wait()
 
 
+#: ``attnbench run`` as a newcomer's shell runs it, plus one line saying whether the run
+#: imported the cuda backend's launch module (it must not without a real GPU, even with
+#: Numba's CUDA simulator switched on, as tests/conftest.py does for this process's children).
+RUN_SCRIPT = """
+import sys
+from attnbench.cli import main
+status = main(sys.argv[1:])
+print("kernels.cuda.launch imported:", "kernels.cuda.launch" in sys.modules, flush=True)
+sys.exit(status)
+"""
+
+
 @pytest.fixture(scope="module")
 def loaded_run(tmp_path_factory):
-    """``attnbench run --grid tiny`` beside a busy loop: (status, folder, printed text)."""
+    """``attnbench run --grid tiny``, in its own process, beside a busy loop: (status,
+    folder, printed text)."""
     out = tmp_path_factory.mktemp("run") / "reports"
-    printed = io.StringIO()
-    with busy_loop() as spinner, contextlib.redirect_stdout(printed):
-        status = main(["run", "--grid", "tiny", "--out", str(out), "--max-time", "0.005",
-                       "--sweep-max-time", "0.005"])
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-c", RUN_SCRIPT, "run", "--grid", "tiny", "--out", str(out),
+               "--max-time", "0.005", "--sweep-max-time", "0.005"]
+    with busy_loop() as spinner:
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=900)
         assert spinner.poll() is None  # the load lasted the whole run
-    return status, out, printed.getvalue()
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, out, result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +165,34 @@ def test_run_writes_every_file_and_exits_0(tiny_run):
     assert saved[0] == "00-attention-heat-maps"
     for anchor in ("stability", "params", "claims"):  # the studies' and the ledger's sections
         assert any(name.endswith(anchor) for name in saved), (anchor, saved)
+
+
+def test_run_checks_every_backend_mask_and_dtype_and_prints_the_machine(loaded_run):
+    status, out, printed = loaded_run
+    assert status == 0
+    table = pd.read_csv(out / "agreement.csv")
+    backends = select_backends()
+    assert "cuda" not in backends or has_real_gpu()  # the simulator only when asked for
+    pairs = [(b, np.dtype(d).name) for b in backends for d in AGREEMENT_DTYPES
+             if takes_dtype(b, np.dtype(d).name)]
+    assert len(table) == len(MASK_KINDS) * len(pairs)
+    assert set(zip(table["backend"], table["dtype"], strict=True)) == set(pairs)
+    assert set(table["mask"]) == set(MASK_KINDS)
+    assert set(table["dtype"]) == {"float32", "float64", "float16", "bfloat16"}
+    assert table["ok"].all()
+    assert (table["max_abs_err"] <= table["tolerance"]).all()
+    assert (table["median_ms"] > 0).all() and (table["gflops"] > 0).all()
+    for column in ("cpu_model", "numba_threads", "blas", "numpy", "gemm_peak_gflops"):
+        assert column in table  # every row carries the machine
+    assert (out / "machine.json").exists()
+    assert "agree" in printed and "GEMM peak" in printed and "CPU" in printed
+    assert f"{len(table)}/{len(table)} rows agree" in printed
+
+
+def test_run_leaves_the_cuda_backend_alone_without_a_gpu(loaded_run):
+    """Without a real GPU, ``run`` never imports kernels.cuda.launch (even with the simulator)."""
+    printed = loaded_run[2]
+    assert f"kernels.cuda.launch imported: {has_real_gpu()}" in printed, printed[-2000:]
 
 
 def test_report_holds_every_part_and_nothing_external(tiny_run):

@@ -39,7 +39,9 @@ def gradient_oracle(problem, dout: np.ndarray):
     Parameters
     ----------
     problem : kernels.AttentionProblem
+        The validated call whose gradients are wanted.
     dout : ndarray, shape (B, H, Lq, Dv)
+        The gradient of the loss with respect to the output.
 
     Returns
     -------
@@ -97,7 +99,9 @@ def row_dot_rounding(problem, dout: np.ndarray) -> tuple[float, float, float]:
     Parameters
     ----------
     problem : kernels.AttentionProblem
+        The validated call whose gradient tolerance is built.
     dout : ndarray, shape (B, H, Lq, Dv)
+        The output gradient the backward is given.
 
     Returns
     -------

@@ -63,21 +63,36 @@ def _rows_lse(x, start, stop, n_seq):
         strides=(0, part.strides[0], part.strides[1]))
 
 
+@njit(cache=True)
+def _task(bins, t, n, cu_q, cu_k, bottom_right):
+    """Task ``n`` of bin ``t`` (see :func:`deal`): ``(b, head, lo, hi, q0, q1, k0, k1,
+    offset)``, sequence b's rows [q0, q1) and keys [k0, k1) and its causal offset; b < 0
+    past the bin's last task."""
+    b = bins[t, n, 0]
+    if b < 0:
+        return b, b, b, b, b, b, b, b, b
+    q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+    offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
+    return b, bins[t, n, 1], bins[t, n, 2], bins[t, n, 3], q0, q1, k0, k1, offset
+
+
+@njit(cache=True)
+def _no_dense_mask(x):
+    """The ``mask`` and ``mask_strides`` arguments of a call without a dense mask."""
+    return np.zeros(1, dtype=x.dtype), np.zeros(4, dtype=np.int64)
+
+
 def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scale, threshold,
              keep_scale, seed, ot, lset, block_k, narrow_k, blas,
              mask_fn, tile_fn, mask_args, score_fn, score_args):
     n_seq = cu_q.shape[0] - 1
-    mask = np.zeros(1, dtype=qt.dtype)  # no dense mask: has_mask is False
-    mask_strides = np.zeros(4, dtype=np.int64)
+    mask, mask_strides = _no_dense_mask(qt)  # has_mask is False
     weights = np.empty((1, 1, 1, 1), dtype=qt.dtype)
     for t in prange(bins.shape[0]):  # one bin of tasks per thread
         for n in range(bins.shape[1]):
-            b = bins[t, n, 0]
+            b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
             if b < 0:
                 break
-            h, i0, i1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
-            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
             _attend_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
                           _rows(vt, k0, k1, n_seq), mask, mask_strides, False, lengths_k,
                           causal, offset, scale, threshold, keep_scale, seed,
@@ -90,16 +105,12 @@ def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_r
               threshold, keep_scale, seed, dq_parts, dkt, dvt, block_q, blas,
               mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
     n_seq = cu_q.shape[0] - 1
-    mask = np.zeros(1, dtype=qt.dtype)
-    mask_strides = np.zeros(4, dtype=np.int64)
+    mask, mask_strides = _no_dense_mask(qt)  # has_mask is False
     for t in prange(bins.shape[0]):  # one bin per thread; its own copy of dq
         for n in range(bins.shape[1]):
-            b = bins[t, n, 0]
+            b, hk, j0, j1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
             if b < 0:
                 break
-            hk, j0, j1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
-            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
             _key_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
                        _rows(vt, k0, k1, n_seq), _rows(dot, q0, q1, n_seq),
                        _rows_lse(lset, q0, q1, n_seq), _rows_lse(row_dot, q0, q1, n_seq),
@@ -113,17 +124,13 @@ def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_r
 def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
                   scale, threshold, keep_scale, seed, block_k, narrow_k, blas):
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
-    mask = np.zeros(1, dtype=qf.dtype)
-    mask_strides = np.zeros(4, dtype=np.int64)
+    mask, mask_strides = _no_dense_mask(qf)  # has_mask is False
     weights = np.empty((1, 1, 1, 1), dtype=qf.dtype)
     for t in prange(bins.shape[0]):
         for n in range(bins.shape[1]):
-            b = bins[t, n, 0]
+            b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
             if b < 0:
                 break
-            h, i0, i1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
-            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-            offset = (k1 - k0) - (q1 - q0) if bottom_right else 0
             _attend_block(qf[H * D * q0:H * D * q1].reshape((1, H, q1 - q0, D)),
                           kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, k1 - k0, D)),
                           vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, k1 - k0, Dv)),
@@ -138,17 +145,13 @@ def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal
 def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_right,
                    scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas):
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
-    mask = np.zeros(1, dtype=qf.dtype)
-    mask_strides = np.zeros(4, dtype=np.int64)
+    mask, mask_strides = _no_dense_mask(qf)  # has_mask is False
     for t in prange(bins.shape[0]):
         for n in range(bins.shape[1]):
-            b = bins[t, n, 0]
+            b, hk, j0, j1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
             if b < 0:
                 break
-            hk, j0, j1 = bins[t, n, 1], bins[t, n, 2], bins[t, n, 3]
-            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
             Lq, Lk = q1 - q0, k1 - k0
-            offset = Lk - Lq if bottom_right else 0
             _key_block(qf[H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
                        kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
                        vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
