@@ -48,6 +48,7 @@ def is_half(dtype) -> bool:
     Parameters
     ----------
     dtype : dtype-like
+        The dtype to test.
 
     Returns
     -------
@@ -67,6 +68,7 @@ def compute_dtype(dtype) -> np.dtype:
     Parameters
     ----------
     dtype : dtype-like
+        The dtype, or a name such as "bfloat16", to test.
 
     Returns
     -------
@@ -120,6 +122,7 @@ def bits_dtype(dtype) -> np.dtype:
     Parameters
     ----------
     dtype : dtype-like
+        The floating dtype whose bit pattern is wanted.
 
     Returns
     -------
@@ -148,6 +151,7 @@ def eps(dtype) -> float:
     Parameters
     ----------
     dtype : dtype-like
+        The dtype whose epsilon is wanted.
 
     Returns
     -------
@@ -162,6 +166,7 @@ def largest(dtype) -> float:
     Parameters
     ----------
     dtype : dtype-like
+        The dtype whose largest value is wanted.
 
     Returns
     -------
