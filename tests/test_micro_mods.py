@@ -155,8 +155,8 @@ def test_rows_that_see_no_key_give_zero():
 
 
 @pytest.mark.parametrize("garbage", [np.nan, np.inf, 1e30])
-@pytest.mark.parametrize("name", ["window causal + softcap", "document + relative_bias, key_lengths",
-                                  "user"])
+@pytest.mark.parametrize("name", ["window causal + softcap",
+                                  "document + relative_bias, key_lengths", "user"])
 def test_hidden_keys_and_values_change_no_output_bit(garbage, name):
     """Garbage in keys and values a mask function hides from a row changes no bit of that
     row; the rows that see it are not finite, as in the reference."""

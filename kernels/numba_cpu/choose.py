@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from .._dtypes import is_half
 from .._problem import AttentionProblem
-from . import forward, planner
+from . import forward, micro_mods, planner
 from . import micro as micro_kernel
-from . import micro_mods
 
 
 def micro_block(problem: AttentionProblem, parallel, use_blas, micro):

@@ -193,11 +193,14 @@ def tile_scores(qb, kp_f, s, D, j0, nk, r_al, block_k, mr, nr):
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", inline="always", cache=True)
-def row_softmax(row, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad):
-    """Row ``r``'s online-softmax update by a tile whose keys [0, hi) may be visible (at
-    least one; ``-inf`` where hidden), of :func:`max_key` maximum ``key_max``: ``row``
-    becomes P (0 past ``hi``); the running max, sum, NaN flag and ``acc`` follow."""
+def row_softmax(row, hi, n_visible, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad):
+    """Row ``r``'s online-softmax update by a tile whose keys [0, hi) may be visible (``-inf``
+    where hidden; ``n_visible`` are), of :func:`max_key` maximum ``key_max``: ``row`` becomes
+    P (0 past ``hi``, or all 0); the running max, sum, NaN flag and ``acc`` follow."""
     zero, one, neg_inf = float_constants(row[0])
+    if n_visible == 0:
+        row[:nk] = zero
+        return
     tile_max = from_max_key(key_max)
     m_new = max(row_max[r], tile_max)
     correction = fast_exp(row_max[r] - m_new) if m_new > row_max[r] else one
@@ -274,10 +277,7 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
                 x = row[c] * scale
                 row[c] = x
                 key_max = max(key_max, max_key(x))
-            if hi == 0:
-                row[:nk] = zero
-                continue
-            row_softmax(row, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad)
+            row_softmax(row, hi, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad)
         if partial and not np.all(np.isfinite(vp[j0:j1])):
             for r in range(r_lo, n):  # a hidden non-finite value: visible keys only
                 hi = max(min(nk, i0 + r + causal_offset + 1 - j0), 0)
@@ -336,12 +336,8 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
             or problem.score_mod is not None or problem.mask_mod is not None):
         raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
     mr, nr = config
-    B, H, Hkv, Lq, _, _, Dv = problem.shape
-    if fuse is None:
-        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    fuse, out, lse = outputs(problem, fuse)
     dtype = problem.dtype.type
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    lse = np.empty((B, H, Lq), dtype=dtype)
     if out.size:
         with launch_guard():
             _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
@@ -349,6 +345,15 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
                      dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
                      bool(fuse)), mr, nr)
     return out, lse
+
+
+def outputs(problem, fuse):
+    """``(fuse, out, lse)``: ``fuse`` as :func:`run` decides it, empty out and lse."""
+    B, H, Hkv, Lq, _, _, Dv = problem.shape
+    if fuse is None:
+        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    dtype = problem.dtype.type
+    return bool(fuse), np.empty((B, H, Lq, Dv), dtype), np.empty((B, H, Lq), dtype)
 
 
 def _launch(args: tuple, mr: int, nr: int, kernel=None) -> None:

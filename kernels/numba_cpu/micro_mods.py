@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from types import FunctionType
 
-import numba
 import numpy as np
 from numba import literally, njit, prange
 
@@ -37,14 +36,23 @@ from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, float_constants, max_key
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
-from ..mods.cells import EMPTY, FULL
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import config
 from .forward import mod_functions
-from .micro import (BLOCK_K, BLOCK_Q, FUSE_TASKS_PER_THREAD, _launch, _pack_head, block_state,
-                    finish_rows, row_softmax, tile_scores, tile_values)
-from .mods import classify
+from .micro import (
+    BLOCK_K,
+    BLOCK_Q,
+    _launch,
+    _pack_head,
+    block_state,
+    finish_rows,
+    outputs,
+    row_softmax,
+    tile_scores,
+    tile_values,
+)
+from .mods import cell_run
 
 __all__ = ["run"]
 
@@ -116,24 +124,14 @@ def _attend_mods(q, kp, vp, bad, key_lengths, causal, causal_offset, scale, out,
         key_end = min(key_end, max(i1 + causal_offset, 0))
     j = 0
     while j < key_end:  # key tiles [j0, j1)
-        j0 = j
         full = True  # no pair of the tile is hidden by the mask function
         if tile_fn is None:
-            j = min(j0 + block_k, key_end)
+            j0, j1 = j, min(j + block_k, key_end)
         else:  # a run of non-empty cells, at most block_k keys
-            while j < key_end and j - j0 < block_k:
-                c1 = min(j + cell_k, key_end)
-                cls = classify(b, h, i0, i1, j, c1, tile_fn, mask_args, causal, causal_offset,
-                               no_mask, 0, 0, 0, False, neg_inf)
-                if cls == EMPTY:
-                    if j == j0:
-                        j0 = c1
-                        j = c1
-                        continue
-                    break
-                full = full and cls == FULL
-                j = c1
-        j1 = j
+            j0, j1, full = cell_run(j, key_end, block_k, cell_k, b, h, i0, i1, tile_fn,
+                                    mask_args, causal, causal_offset, no_mask, 0, 0, 0, False,
+                                    neg_inf)
+        j = j1
         nk = j1 - j0
         if nk <= 0:
             continue
@@ -169,10 +167,8 @@ def _attend_mods(q, kp, vp, bad, key_lengths, causal, causal_offset, scale, out,
                         x = score_fn(x, b, h, i, j0 + c, score_args)
                     row[c] = x
                     key_max = max(key_max, max_key(x))
-            if n_visible == 0:
-                row[:nk] = zero
-                continue
-            row_softmax(row, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad)
+            row_softmax(row, hi, n_visible, nk, key_max, r, row_max, row_sum, row_nan, acc,
+                        Dv_pad)
         any_bad = False
         if partial:
             for c in range(nk):
@@ -261,12 +257,8 @@ def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,
     mr, nr = config_block
     cell_k = -(-(cell_k or config.CELL_K) // nr) * nr
     block_k = -(-block_k // cell_k) * cell_k
-    B, H, Hkv, Lq, _, _, Dv = problem.shape
-    if fuse is None:
-        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    fuse, out, lse = outputs(problem, fuse)
     dtype = problem.dtype.type
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    lse = np.empty((B, H, Lq), dtype=dtype)
     if not out.size:
         return out, lse
     mods = mod_functions(problem)
