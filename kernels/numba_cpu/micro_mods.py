@@ -193,31 +193,31 @@ def _kernel_mods(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, b
     B, H, Lq = q.shape[0], q.shape[1], q.shape[2]
     Hkv, Lk, D, Dv_pad = k.shape[1], k.shape[2], k.shape[3], -(-v.shape[3] // nr) * nr
     n_blocks, group = -(-Lq // block_q), H // Hkv
-    packed = 1 if fuse else B * Hkv  # the heads packed ahead of the query blocks
-    kps = np.empty((packed, -(-Lk // nr), D, nr), dtype=q.dtype)
-    vps = np.empty((packed, Lk, Dv_pad), dtype=q.dtype)
-    bads = np.zeros((packed, Lk), dtype=np.bool_)
-    if not fuse:
-        for bh in prange(B * Hkv):
-            _prepare_head(k, v, key_lengths[bh // Hkv], bh // Hkv, bh % Hkv, kps[bh], vps[bh],
-                          bads[bh])
-    per_task = group * n_blocks if fuse else 1  # query blocks per task
-    for task in prange(B * Hkv if fuse else B * H * n_blocks):
-        b = task // Hkv if fuse else task // (H * n_blocks)
-        hk = task % Hkv if fuse else (task // n_blocks) % H // group
-        if fuse:
-            kp, vp = np.empty(kps.shape[1:], dtype=q.dtype), np.empty(vps.shape[1:], q.dtype)
+    if fuse:
+        for task in prange(B * Hkv):
+            b, hk = task // Hkv, task % Hkv
+            kp = np.empty((-(-Lk // nr), D, nr), dtype=q.dtype)
+            vp = np.empty((Lk, Dv_pad), dtype=q.dtype)
             bad = np.zeros(Lk, dtype=np.bool_)
             _prepare_head(k, v, key_lengths[b], b, hk, kp, vp, bad)
-        else:
-            kp, vp, bad = kps[b * Hkv + hk], vps[b * Hkv + hk], bads[b * Hkv + hk]
-        for t in range(per_task):
-            block = t % n_blocks if fuse else task % n_blocks
-            h = hk * group + t // n_blocks if fuse else (task // n_blocks) % H
-            i0 = block * block_q
-            _attend_mods(q, kp, vp, bad, key_lengths, causal, causal_offset, scale, out, lse,
-                         b, h, i0, min(i0 + block_q, Lq), block_k, cell_k, mr, nr, mask_fn,
-                         tile_fn, mask_args, score_fn, score_args)
+            for t in range(group * n_blocks):
+                h, i0 = hk * group + t // n_blocks, (t % n_blocks) * block_q
+                _attend_mods(q, kp, vp, bad, key_lengths, causal, causal_offset, scale, out,
+                             lse, b, h, i0, min(i0 + block_q, Lq), block_k, cell_k, mr, nr,
+                             mask_fn, tile_fn, mask_args, score_fn, score_args)
+        return
+    kps = np.empty((B * Hkv, -(-Lk // nr), D, nr), dtype=q.dtype)
+    vps = np.empty((B * Hkv, Lk, Dv_pad), dtype=q.dtype)
+    bads = np.zeros((B * Hkv, Lk), dtype=np.bool_)
+    for bh in prange(B * Hkv):
+        _prepare_head(k, v, key_lengths[bh // Hkv], bh // Hkv, bh % Hkv, kps[bh], vps[bh],
+                      bads[bh])
+    for task in prange(B * H * n_blocks):
+        b, h, i0 = task // (H * n_blocks), task // n_blocks % H, task % n_blocks * block_q
+        bh = b * Hkv + h // group
+        _attend_mods(q, kps[bh], vps[bh], bads[bh], key_lengths, causal, causal_offset, scale,
+                     out, lse, b, h, i0, min(i0 + block_q, Lq), block_k, cell_k, mr, nr,
+                     mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
 # Twins not cached on disk, for a user function (as kernels.numba_cpu.forward's).
