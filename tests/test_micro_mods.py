@@ -24,6 +24,7 @@ from kernels.numba_cpu import choose, config, micro, micro_mods
 from kernels.numba_cpu import planner as _microplan
 
 from .support import COMPARISONS, max_error, oracle
+from .test_mods import _documents
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 BLOCK = {F32: micro.CONFIGS[F32][0], F64: micro.CONFIGS[F64][0]}  # (8, 16) and (4, 16)
@@ -64,14 +65,6 @@ def _check(q, k, v, blocks=SMALL, **kwargs):
     np.testing.assert_allclose(lse[seen], tiles_lse[seen], rtol=0,
                                atol=64 * eps * max(1.0, np.abs(tiles_lse[seen]).max(initial=0)))
     return out, lse
-
-
-def _documents(B, L, starts):
-    ids = np.zeros((B, L), dtype=np.int64)
-    for b, bounds in enumerate(starts):
-        for start in bounds:
-            ids[b, start:] += 1
-    return ids
 
 
 DOCS = _documents(2, 150, [[16, 32, 33, 100], [1, 2, 3, 77, 149]])  # edges on and off cells
