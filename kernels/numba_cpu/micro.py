@@ -222,8 +222,7 @@ def row_softmax(row, hi, n_visible, nk, key_max, r, row_max, row_sum, row_nan, a
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def tile_values(s, vp_f, v0, acc, nk, r_al, block_k, Dv_pad, mr, nr):
-    """``acc[r_al:] += P · V_tile`` by register blocks, the tile's ``nk`` values being rows
-    of ``Dv_pad`` lanes in ``vp_f`` from row ``v0``."""
+    """``acc[r_al:] += P · V_tile`` by register blocks (``nk`` value rows from ``v0``)."""
     n_pad = acc.shape[0] // Dv_pad
     for c0 in range(0, Dv_pad, nr):
         for r in range(r_al, n_pad, mr):
@@ -233,8 +232,7 @@ def tile_values(s, vp_f, v0, acc, nk, r_al, block_k, Dv_pad, mr, nr):
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def finish_rows(acc, row_max, row_sum, row_nan, out, lse, b, h, i0, Dv_pad):
-    """out = acc / ℓ and lse = m + log ℓ of the block's rows (0 and -inf for a row that sees
-    no key, NaN for a NaN row)."""
+    """out = acc / ℓ, lse = m + log ℓ of the rows (0, -inf: no key seen; NaN: a NaN row)."""
     zero, one, neg_inf = float_constants(acc[0])
     for r in range(row_max.shape[0]):
         inv = one / row_sum[r] if row_sum[r] > zero else zero
@@ -277,6 +275,9 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
                 x = row[c] * scale
                 row[c] = x
                 key_max = max(key_max, max_key(x))
+            if hi == 0:  # here, not in row_softmax: float64 kept its bits (LLVM's code)
+                row[:nk] = zero
+                continue
             row_softmax(row, hi, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad)
         if partial and not np.all(np.isfinite(vp[j0:j1])):
             for r in range(r_lo, n):  # a hidden non-finite value: visible keys only
@@ -350,8 +351,7 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
 def outputs(problem, fuse):
     """``(fuse, out, lse)``: ``fuse`` as :func:`run` decides it, empty out and lse."""
     B, H, Hkv, Lq, _, _, Dv = problem.shape
-    if fuse is None:
-        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads() if fuse is None else fuse
     dtype = problem.dtype.type
     return bool(fuse), np.empty((B, H, Lq, Dv), dtype), np.empty((B, H, Lq), dtype)
 
