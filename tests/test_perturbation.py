@@ -21,13 +21,20 @@ BACKENDS = ["numba", "numba-loops", "reference"]
 @pytest.fixture(autouse=True)
 def _tile_products(request, monkeypatch):
     """'numba-loops' is the numba backend with its tile products in loops (no BLAS), the
-    path a machine without SciPy takes; 'numba' uses the BLAS where SciPy is installed."""
-    if request.node.callspec.params.get("backend") == "numba-loops":
+    path a machine without SciPy takes; 'numba' uses the BLAS where SciPy is installed;
+    'numba-micro' takes the micro-kernel path (as where the planner chose it)."""
+    backend = request.node.callspec.params.get("backend")
+    if backend == "numba-loops":
         monkeypatch.setattr(config, "HAVE_BLAS", False)
+    if backend == "numba-micro":
+        from kernels.numba_cpu import micro, planner
+
+        f32 = np.dtype(np.float32)
+        monkeypatch.setitem(planner._CHOICES, f32, micro.CONFIGS[f32][0])
 
 
 def _attention(*args, backend, **kwargs):
-    return kernels.attention(*args, backend=backend.removesuffix("-loops"), **kwargs)
+    return kernels.attention(*args, backend=backend.split("-")[0], **kwargs)
 
 
 def _assert_unchanged(before, after, backend, garbage):
@@ -131,7 +138,7 @@ def _far_apart_hidden(b, h, q_idx, kv_idx):
 
 
 @pytest.mark.parametrize("garbage", list(GARBAGE))
-@pytest.mark.parametrize("backend", ["numba", "numba-loops"])
+@pytest.mark.parametrize("backend", ["numba", "numba-loops", "numba-micro"])
 @pytest.mark.parametrize("case", ["window", "window causal", "document", "document alibi",
                                   "window bool mask", "user function"])
 def test_keys_hidden_by_a_mask_mod_change_no_output_bit(backend, garbage, case):
@@ -146,6 +153,10 @@ def test_keys_hidden_by_a_mask_mod_change_no_output_bit(backend, garbage, case):
     bad[100:180] = True
     rows = ~kernels.prepare(q, k, v, **kwargs).visible()[..., bad].any(axis=-1)  # (B, H, Lq)
     assert 0 < rows.sum() < rows.size
+    if backend == "numba-micro" and "mask" not in kwargs:  # a dense mask stays on the tiles
+        from kernels.numba_cpu import choose
+
+        assert choose.micro_block(kernels.prepare(q, k, v, **kwargs), None, None, None)
     before = _attention(q, k, v, backend=backend, **kwargs)
     k2, v2 = k.copy(), v.copy()
     k2[:, :, bad] = GARBAGE[garbage]

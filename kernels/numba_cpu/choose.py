@@ -1,7 +1,8 @@
 """The ``numba`` backend's forward entry: which path a call takes.
 
 - without a mask, dropout or weights, a parallel call takes the register-blocked
-  micro-kernel path (:mod:`kernels.numba_cpu.micro`) where the planner
+  micro-kernel path (:mod:`kernels.numba_cpu.micro`; with a ``score_mod`` or
+  ``mask_mod``, :mod:`kernels.numba_cpu.micro_mods`) where the planner
   (:mod:`kernels.numba_cpu.planner`) chose it for the machine and dtype;
 - else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`; a ``score_mod`` or
   ``mask_mod`` compiled in), serial for small problems
@@ -12,22 +13,22 @@ from __future__ import annotations
 
 from .._dtypes import is_half
 from .._problem import AttentionProblem
-from . import forward, planner
+from . import forward, micro_mods, planner
 from . import micro as micro_kernel
 
 
 def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     """The register block of the micro-kernel path for this call, or None for the tiles.
 
-    The path computes no mask, dropout or weights and runs parallel; it is taken where
+    The path computes no dense mask, dropout or weights (mods it does: the same choice as
+    the call without them) and runs parallel; it is taken where
     ``micro`` is True (the planned block, else the dtype's default), or where
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
     never take it: its packed K/V panels are float32 or float64 only.
     """
     if (micro is False or is_half(problem.dtype) or problem.mask is not None or problem.dropout_p
-            or problem.return_weights or parallel is False
-            or problem.mask_mod is not None or problem.score_mod is not None):
+            or problem.return_weights or parallel is False):
         return None
     if micro:
         stored = planner.stored_choice(problem.dtype)
@@ -55,13 +56,16 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         default: the BLAS where SciPy is installed (``config.HAVE_BLAS``), unless the
         micro-kernel path is taken.
     micro : bool, optional
-        Take the register-blocked micro-kernel path (no mask, dropout or weights;
-        parallel) if True, never if False; default: where the planner chose it for this
+        Take the register-blocked micro-kernel path (no dense mask, dropout or weights;
+        parallel; mods too) if True, never if False; default: where the planner chose it for this
         machine and dtype (see :func:`micro_block`).
     """
     block = micro_block(problem, parallel, use_blas, micro)
     if block is not None:
-        out, lse = micro_kernel.run(problem, block)
+        if problem.mask_mod is None and problem.score_mod is None:
+            out, lse = micro_kernel.run(problem, block)
+        else:
+            out, lse = micro_mods.run(problem, block)
         return (out, None, lse) if return_lse else (out, None)
     return forward.run_tiles(problem, parallel=parallel, use_blas=use_blas,
                              return_lse=return_lse)

@@ -56,11 +56,10 @@ from .._jit.launch import BLAS_SINGLE_THREADED_WORK, launch_guard, single_thread
 from .._jit.math import FASTMATH, float_constants, max_key
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
-from ..mods.cells import EMPTY, FULL
 from ..mods.dense import run_user_code
 from ..mods.lowering import mod_arguments, user_names
 from . import config
-from .mods import classify, mask_block_rows
+from .mods import cell_run, mask_block_rows
 from .tiles import (
     _adds_to_scores,
     _all_finite,
@@ -131,20 +130,10 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
             partial = causal and j1 - 1 > i0 + r_lo + causal_offset
         else:
             # The next tile: a run of non-empty cells, at most block_k keys.
-            full = True
-            while j < key_end and j - j0 < block_k:
-                c1 = min(j + narrow_k, key_end)
-                cls = classify(b, h, i0, i1, j, c1, tile_fn, mask_args, causal,
-                               causal_offset, mask, mask_b, mask_i, mask_j, has_mask, neg_inf)
-                if cls == EMPTY:
-                    if j == j0:  # skip it: the tile starts after it
-                        j0 = c1
-                        j = c1
-                        continue
-                    break
-                full = full and cls == FULL
-                j = c1
-            j1 = j
+            j0, j1, full = cell_run(j, key_end, block_k, narrow_k, b, h, i0, i1, tile_fn,
+                                    mask_args, causal, causal_offset, mask, mask_b, mask_i,
+                                    mask_j, has_mask, neg_inf)
+            j = j1
             nk = j1 - j0
             if nk <= 0:
                 continue

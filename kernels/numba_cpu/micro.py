@@ -49,7 +49,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._jit.launch import launch_guard
-from .._jit.math import FASTMATH, fast_exp, from_max_key, max_key
+from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from .._validate import check_attention_args
 
 __all__ = ["CONFIGS", "attention", "run", "tile_product"]
@@ -160,29 +160,99 @@ def _pack(k, v, key_lengths, kp, vp):
         _pack_head(k, v, key_lengths[b], b, hk, kp[b, hk], vp[b, hk])
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
-            block_k, mr, nr):
-    """Rows [i0, i1) of (b, h) against its packed keys ``kp`` and values ``vp``."""
-    D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[1]
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def block_state(q, scale, b, h, i0, i1, block_k, Dv_pad, mr):
+    """``(qb, s, s_rows, acc, row_max, row_sum, row_nan)`` of rows [i0, i1) of (b, h): the
+    queries in a block zero-padded to a multiple of ``mr`` rows, the scores (then P) of a
+    tile (``block_k`` per row), the output rows (``Dv_pad`` lanes), each row's running
+    max, sum and NaN flag.  Shared with :mod:`kernels.numba_cpu.micro_mods`."""
+    D = q.shape[3]
     n = i1 - i0
     n_pad = -(-n // mr) * mr
     qb = np.zeros(n_pad * D, dtype=q.dtype)
     for r in range(n):
         for d in range(D):
             qb[r * D + d] = q[b, h, i0 + r, d]
-    kp_f, vp_f = kp.reshape(-1), vp.reshape(-1)
     s = np.empty(n_pad * block_k, dtype=q.dtype)  # scores, then P, rows of block_k
-    s_rows = s.reshape((n_pad, block_k))
     acc = np.zeros(n_pad * Dv_pad, dtype=q.dtype)
-    # 0, 1 and -inf in q's dtype (a literal is float64 or int64, and float32 op float64
-    # is float64 in Numba: the softmax would then run in float64)
-    one = np.ones(1, dtype=q.dtype)[0]
-    zero = one - one
-    neg_inf = -one / zero
-    row_max = np.full(n, neg_inf, dtype=q.dtype)
-    row_sum = np.zeros(n, dtype=q.dtype)
-    row_nan = np.zeros(n, dtype=np.bool_)
+    neg_inf = float_constants(scale)[2]
+    return (qb, s, s.reshape((n_pad, block_k)), acc, np.full(n, neg_inf, dtype=q.dtype),
+            np.zeros(n, dtype=q.dtype), np.zeros(n, dtype=np.bool_))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def tile_scores(qb, kp_f, s, D, j0, nk, r_al, block_k, mr, nr):
+    """``s = qb[r_al:] · K_tileᵀ`` for keys [j0, j0 + nk) by register blocks, a panel per
+    block column (keys past ``nk`` in the last panel are computed and left unread)."""
+    n_pad = qb.shape[0] // D
+    for p in range(-(-nk // nr)):
+        panel = (j0 // nr + p) * D * nr
+        for r in range(r_al, n_pad, mr):
+            tile_product(qb, r * D, D, kp_f, panel, nr, s, r * block_k + p * nr, block_k, D,
+                         mr, nr, False)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", inline="always", cache=True)
+def row_softmax(row, hi, n_visible, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad):
+    """Row ``r``'s online-softmax update by a tile whose keys [0, hi) may be visible (``-inf``
+    where hidden; ``n_visible`` are), of :func:`max_key` maximum ``key_max``: ``row`` becomes
+    P (0 past ``hi``, or all 0); the running max, sum, NaN flag and ``acc`` follow."""
+    zero, one, neg_inf = float_constants(row[0])
+    if n_visible == 0:
+        row[:nk] = zero
+        return
+    tile_max = from_max_key(key_max)
+    m_new = max(row_max[r], tile_max)
+    correction = fast_exp(row_max[r] - m_new) if m_new > row_max[r] else one
+    row_max[r] = m_new
+    total = zero
+    for c in range(hi):
+        x = fast_exp(row[c] - m_new)
+        row[c] = x
+        total += x
+    row[hi:nk] = zero
+    if total != total or tile_max == -neg_inf:
+        row_nan[r] = True
+    row_sum[r] = row_sum[r] * correction + total
+    if correction != one:
+        acc_row = acc[r * Dv_pad:(r + 1) * Dv_pad]
+        for d in range(Dv_pad):
+            acc_row[d] *= correction
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def tile_values(s, vp_f, v0, acc, nk, r_al, block_k, Dv_pad, mr, nr):
+    """``acc[r_al:] += P · V_tile`` by register blocks (``nk`` value rows from ``v0``)."""
+    n_pad = acc.shape[0] // Dv_pad
+    for c0 in range(0, Dv_pad, nr):
+        for r in range(r_al, n_pad, mr):
+            tile_product(s, r * block_k, block_k, vp_f, v0 * Dv_pad + c0, Dv_pad,
+                         acc, r * Dv_pad + c0, Dv_pad, nk, mr, nr, True)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def finish_rows(acc, row_max, row_sum, row_nan, out, lse, b, h, i0, Dv_pad):
+    """out = acc / ℓ, lse = m + log ℓ of the rows (0, -inf: no key seen; NaN: a NaN row)."""
+    zero, one, neg_inf = float_constants(acc[0])
+    for r in range(row_max.shape[0]):
+        inv = one / row_sum[r] if row_sum[r] > zero else zero
+        for d in range(out.shape[3]):
+            out[b, h, i0 + r, d] = zero / zero if row_nan[r] else acc[r * Dv_pad + d] * inv
+        lse[b, h, i0 + r] = (zero / zero if row_nan[r] else
+                             row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
+            block_k, mr, nr):
+    """Rows [i0, i1) of (b, h) against its packed keys ``kp`` and values ``vp``."""
+    D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[1]
+    n = i1 - i0
+    qb, s, s_rows, acc, row_max, row_sum, row_nan = block_state(q, scale, b, h, i0, i1,
+                                                                block_k, Dv_pad, mr)
+    n_pad = s_rows.shape[0]
+    kp_f, vp_f = kp.reshape(-1), vp.reshape(-1)
+    zero, _, neg_inf = float_constants(scale)  # in q's dtype (a literal would be float64)
     key_end = key_lengths[b]
     if causal:  # the block's last row sees keys < i1 + causal_offset
         key_end = min(key_end, max(i1 + causal_offset, 0))
@@ -191,11 +261,7 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
         nk = j1 - j0
         r_lo = max(j0 - causal_offset - i0, 0) if causal else 0  # first row seeing j0
         r_al = r_lo - r_lo % mr
-        for p in range(-(-nk // nr)):
-            panel = (j0 // nr + p) * D * nr
-            for r in range(r_al, n_pad, mr):
-                tile_product(qb, r * D, D, kp_f, panel, nr, s, r * block_k + p * nr, block_k, D,
-                             mr, nr, False)
+        tile_scores(qb, kp_f, s, D, j0, nk, r_al, block_k, mr, nr)
         partial = causal and j1 - 1 > i0 + r_al + causal_offset
         for r in range(r_al, n_pad):
             row = s_rows[r]  # a whole row: a C-contiguous view, whose loops vectorise
@@ -209,26 +275,10 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
                 x = row[c] * scale
                 row[c] = x
                 key_max = max(key_max, max_key(x))
-            if hi == 0:
+            if hi == 0:  # here, not in row_softmax: float64 kept its bits (LLVM's code)
                 row[:nk] = zero
                 continue
-            tile_max = from_max_key(key_max)
-            m_new = max(row_max[r], tile_max)
-            correction = fast_exp(row_max[r] - m_new) if m_new > row_max[r] else one
-            row_max[r] = m_new
-            total = zero
-            for c in range(hi):
-                x = fast_exp(row[c] - m_new)
-                row[c] = x
-                total += x
-            row[hi:nk] = zero
-            if total != total or tile_max == -neg_inf:
-                row_nan[r] = True
-            row_sum[r] = row_sum[r] * correction + total
-            if correction != one:
-                acc_row = acc[r * Dv_pad:(r + 1) * Dv_pad]
-                for d in range(Dv_pad):
-                    acc_row[d] *= correction
+            row_softmax(row, hi, hi, nk, key_max, r, row_max, row_sum, row_nan, acc, Dv_pad)
         if partial and not np.all(np.isfinite(vp[j0:j1])):
             for r in range(r_lo, n):  # a hidden non-finite value: visible keys only
                 hi = max(min(nk, i0 + r + causal_offset + 1 - j0), 0)
@@ -236,16 +286,9 @@ def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h
                     for d in range(Dv):
                         acc[r * Dv_pad + d] += s[r * block_k + c] * vp_f[(j0 + c) * Dv_pad + d]
         else:
-            for c0 in range(0, Dv_pad, nr):
-                for r in range(r_al, n_pad, mr):
-                    tile_product(s, r * block_k, block_k, vp_f, j0 * Dv_pad + c0, Dv_pad,
-                             acc, r * Dv_pad + c0, Dv_pad, nk, mr, nr, True)
-    for r in range(n):
-        inv = one / row_sum[r] if row_sum[r] > zero else zero
-        for d in range(Dv):
-            out[b, h, i0 + r, d] = zero / zero if row_nan[r] else acc[r * Dv_pad + d] * inv
-        lse[b, h, i0 + r] = (zero / zero if row_nan[r] else
-                             row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf)
+            tile_values(s, vp_f, j0, acc, nk, r_al, block_k, Dv_pad, mr, nr)
+    finish_rows(acc, row_max, row_sum, row_nan, out, lse, b, h, i0, Dv_pad)
+
 
 @njit(parallel=True, cache=True)
 def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_q, block_k,
@@ -294,12 +337,8 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
             or problem.score_mod is not None or problem.mask_mod is not None):
         raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
     mr, nr = config
-    B, H, Hkv, Lq, _, _, Dv = problem.shape
-    if fuse is None:
-        fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+    fuse, out, lse = outputs(problem, fuse)
     dtype = problem.dtype.type
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    lse = np.empty((B, H, Lq), dtype=dtype)
     if out.size:
         with launch_guard():
             _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
@@ -309,17 +348,27 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
     return out, lse
 
 
-def _launch(args: tuple, mr: int, nr: int) -> None:
-    """``_kernel(*args, mr, nr)``, calling its compiled specialisation directly once it exists.
+def outputs(problem, fuse):
+    """``(fuse, out, lse)``: ``fuse`` as :func:`run` decides it, empty out and lse."""
+    B, H, Hkv, Lq, _, _, Dv = problem.shape
+    fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads() if fuse is None else fuse
+    dtype = problem.dtype.type
+    return bool(fuse), np.empty((B, H, Lq, Dv), dtype), np.empty((B, H, Lq), dtype)
+
+
+def _launch(args: tuple, mr: int, nr: int, kernel=None) -> None:
+    """``kernel(*args, mr, nr)`` (default :func:`_kernel`), calling its compiled
+    specialisation directly once it exists.
 
     A call through the dispatcher with plain ints for ``mr`` and ``nr`` types the kernel
     again on every call until ``literally`` asks for literals (about 15 ms here); the
     specialisation for literal ``mr`` and ``nr`` is looked up by the argument types instead.
     """
     sig = tuple(numba.typeof(a) for a in args) + (types.literal(mr), types.literal(nr))
-    compiled = _kernel.overloads.get(sig)
+    kernel = _kernel if kernel is None else kernel
+    compiled = kernel.overloads.get(sig)
     if compiled is None:
-        _kernel(*args, mr, nr)  # compiles, or loads from the disk cache
+        kernel(*args, mr, nr)  # compiles, or loads from the disk cache
     else:
         compiled.entry_point(*args, mr, nr)
 

@@ -29,7 +29,7 @@ from .._dtypes import compute_dtype
 from .._jit.math import FASTMATH
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
-from ..mods.cells import EMPTY, PARTIAL
+from ..mods.cells import EMPTY, FULL, PARTIAL
 from ..mods.lowering import identity_score_grad, mod_arguments, user_names
 from . import config
 from .tiles import _adds_to_scores, _mask_tile_count
@@ -55,6 +55,30 @@ def classify(b, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset, ma
         if n_seen < (i1 - i0) * (j1 - j0) or _adds_to_scores(mask):
             cls = PARTIAL
     return cls
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def cell_run(j, key_end, block_k, cell_k, b, h, i0, i1, tile_fn, mask_args, causal,
+             causal_offset, mask, mask_b, mask_i, mask_j, has_mask, neg_inf):
+    """``(j0, j1, full)``: the next key tile of queries [i0, i1) from key ``j`` under a mask
+    function, a run of non-empty cells of ``cell_k`` keys (the EMPTY ones before it
+    skipped) of at most ``block_k`` keys (``j1 <= j0``: none left); ``full`` when every
+    cell of the run is FULL (:func:`classify`)."""
+    j0 = j
+    full = True
+    while j < key_end and j - j0 < block_k:
+        c1 = min(j + cell_k, key_end)
+        cls = classify(b, h, i0, i1, j, c1, tile_fn, mask_args, causal, causal_offset, mask,
+                       mask_b, mask_i, mask_j, has_mask, neg_inf)
+        if cls == EMPTY:
+            if j == j0:  # skip it: the tile starts after it
+                j0 = c1
+                j = c1
+                continue
+            break
+        full = full and cls == FULL
+        j = c1
+    return j0, j, full
 
 
 @njit
