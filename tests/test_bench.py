@@ -216,16 +216,19 @@ def _row(variant, samples_s):
 
 @pytest.mark.parametrize("ratio, met", [(0.5, True), (2.0, False), (1.0, "inconclusive")])
 def test_ratio_targets_decide_from_the_interval(ratio, met):
-    """Tight samples whose ratio is well below, well above, or at the goal (1.3 here)."""
+    """Tight samples whose ratio is well below, well above, or at the goal."""
+    goal = interval_targets.SCORE_MOD_GOAL
     rng = np.random.default_rng(0)
     plain = 1.0 + 0.01 * rng.random(8)
-    scaled = 1.3 * ratio * (1.0 + 0.01 * rng.random(8))
+    scaled = goal * ratio * (1.0 + 0.01 * rng.random(8))
     table = pd.DataFrame([_row("scores: plain", plain), _row("scores: alibi", scaled)])
     config = bench_config.BenchConfig()
     target = {t["target"]: t for t in interval_targets.variant_targets(table, config)}
     assert target["ALiBi / plain"]["met"] == met
     assert target["softcap / plain"]["met"] is None  # no rows
-    assert target["ALiBi / plain"]["measured"].startswith(f"L=64: {1.3 * ratio:.2f} [")
+    measured = target["ALiBi / plain"]["measured"]
+    assert measured.startswith("L=64: ") and " [" in measured
+    assert float(measured.split()[1]) == pytest.approx(goal * ratio, rel=0.02)
 
 
 def test_interval_verdicts_and_their_combination():
