@@ -14,7 +14,6 @@ the page.
 """
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -22,12 +21,11 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-from pathlib import Path
 
 from attnbench.cli import main
 from attnbench.sweep.agreement import DTYPES as AGREEMENT_DTYPES

@@ -2,9 +2,10 @@
 
 :func:`numpy_attention` (the plain NumPy formula), :func:`torch_sdpa_arguments` (one
 PyTorch SDPA adapter), :func:`visibility` (which pairs the masking arguments leave
-visible), :func:`torch_status` (whether torch imports) and :class:`UnsupportedByPeer`.  They live here, below :mod:`attnbench.measure.peers`
-(which also resolves external peers through :mod:`attnbench.conformance`), so that the
-conformance kit's adapters can use them without an import circle.
+visible), :func:`torch_status` (whether torch imports) and :class:`UnsupportedByPeer`.
+They live here, below :mod:`attnbench.measure.peers` (which also resolves external peers
+through :mod:`attnbench.conformance`), so that the conformance kit's adapters can use them
+without an import circle.
 """
 
 from __future__ import annotations
