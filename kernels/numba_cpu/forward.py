@@ -267,18 +267,20 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
                               score_args)
 
 
-def _calling(launcher, block):
-    """The Python function of ``launcher`` with ``block`` as its ``_attend_block``."""
+def _calling(launcher, **blocks):
+    """The Python function of ``launcher`` with the functions it calls by the names in
+    ``blocks`` replaced (``_attend_block=`` an uncached twin), to be compiled again."""
     fn = launcher.py_func
-    return FunctionType(fn.__code__, dict(fn.__globals__, _attend_block=block), fn.__name__)
+    return FunctionType(fn.__code__, dict(fn.__globals__, **blocks), fn.__name__)
 
 
 # The same kernel, not cached on disk, for calls with a user function: its dispatcher type
 # cannot be found again in a new process, so a cache entry would never be read.  The
 # cached kernels above serve calls without mods and with built-ins (kernels.mods.cache).
 _attend_block_user = njit(fastmath=FASTMATH, error_model="numpy")(_attend_block.py_func)
-_attention_parallel_user = njit(parallel=True)(_calling(_attention_parallel, _attend_block_user))
-_attention_serial_user = njit(_calling(_attention_serial, _attend_block_user))
+_attention_parallel_user = njit(parallel=True)(
+    _calling(_attention_parallel, _attend_block=_attend_block_user))
+_attention_serial_user = njit(_calling(_attention_serial, _attend_block=_attend_block_user))
 
 
 def block_rows(problem: AttentionProblem, threads: int) -> int:

@@ -27,8 +27,6 @@ gets twins compiled without ``cache=True`` (its dispatcher type cannot be found 
 
 from __future__ import annotations
 
-from types import FunctionType
-
 import numpy as np
 from numba import literally, njit, prange
 
@@ -39,7 +37,7 @@ from ..mods import cache as mods_cache
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import config
-from .forward import mod_functions
+from .forward import _calling, mod_functions
 from .micro import (
     BLOCK_K,
     BLOCK_Q,
@@ -222,9 +220,7 @@ def _kernel_mods(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, b
 
 # Twins not cached on disk, for a user function (as kernels.numba_cpu.forward's).
 _attend_mods_user = njit(fastmath=FASTMATH, error_model="numpy")(_attend_mods.py_func)
-_kernel_mods_user = njit(parallel=True)(FunctionType(
-    _kernel_mods.py_func.__code__, dict(_kernel_mods.py_func.__globals__,
-                                        _attend_mods=_attend_mods_user), "_kernel_mods_user"))
+_kernel_mods_user = njit(parallel=True)(_calling(_kernel_mods, _attend_mods=_attend_mods_user))
 
 
 def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,

@@ -167,7 +167,7 @@ def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bot
 FORWARD_FLAT = njit(parallel=True, cache=True)(_forward_flat)
 BACKWARD_FLAT = njit(parallel=True, cache=True)(_backward_flat)
 FORWARD = njit(parallel=True, cache=True)(_forward)
-FORWARD_USER = njit(parallel=True)(_calling(FORWARD, _attend_block_user))
+FORWARD_USER = njit(parallel=True)(_calling(FORWARD, _attend_block=_attend_block_user))
 BACKWARD = njit(parallel=True, cache=True)(_backward)
 BACKWARD_USER = njit(parallel=True)(_backward)
 
