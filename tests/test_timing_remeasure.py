@@ -12,6 +12,7 @@ from attnbench.measure.timing import measure
 from attnbench.sweep.remeasure import (
     REMEASURE_ROUNDS,
     SERIES_ROUNDS,
+    Clocks,
     complete_brief_timings,
     in_long_series,
     neighbours,
@@ -67,10 +68,15 @@ def test_neighbours_are_the_next_L_of_the_same_series_only():
     assert noisy_rows(rows) == [2]
 
 
+def quiet_clocks(machine):
+    """The synthetic machine's clocks, and a sleep that does not wait."""
+    return Clocks(sleep=lambda s: None, **machine.clocks())
+
+
 def remeasure(machine, rows, log=None, **budgets):
     budgets = {"budget": 30.0, "total_budget": 60.0, **budgets}
     return remeasure_noisy(rows, traced_calls(machine, [] if log is None else log),
-                           min_time=0.0, sleep=lambda s: None, **budgets, **machine.clocks())
+                           min_time=0.0, **budgets, clocks=quiet_clocks(machine))
 
 
 def test_a_noisy_point_is_remeasured_alternating_with_its_neighbours_until_tight():
@@ -149,7 +155,7 @@ def test_a_series_timed_through_a_slower_stretch_is_timed_again_interleaved():
     machine = SyntheticMachine(seed=3, noise=0.02, bursts=[(0.05, 0.15, 1.7)])
     log = []
     assert remeasure_series(rows, traced_calls(machine, log), total_budget=60.0,
-                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
+                            min_time=0.0, clocks=quiet_clocks(machine)) == 5
     assert all(row["series_interleaved"] and not row.get("remeasured") for row in rows)
     assert abs(fitted_exponent(rows) - 2) < 0.03, fitted_exponent(rows)
     # Every round timed each length once (after each one's warm-up and calibration).
@@ -163,7 +169,7 @@ def test_the_series_pass_stops_at_its_budget_and_says_which_rows_kept_their_timi
     machine = SyntheticMachine(seed=4)
     assert len(series_groups(rows)) == 2
     assert remeasure_series(rows, traced_calls(machine, []), total_budget=1e-9,
-                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 5
+                            min_time=0.0, clocks=quiet_clocks(machine)) == 5
     assert [row["series_interleaved"] for row in rows] == [True] * 5 + [False] * 5
     short = sweep_rows()[:2]  # 2 lengths: no series to fit, nothing to interleave
     assert series_groups(short) == []
@@ -175,7 +181,7 @@ def test_a_series_with_brief_first_timings_is_timed_whatever_the_budget_and_any_
         row["brief_timing"] = True  # the sweep counted on the pass for these
     machine = SyntheticMachine(seed=5)
     assert remeasure_series(rows, traced_calls(machine, []), total_budget=1e-9,
-                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 10
+                            min_time=0.0, clocks=quiet_clocks(machine)) == 10
     assert all(row["series_interleaved"] for row in rows)
     # A brief row whose series could not be timed again (a neighbour failed) gets the full
     # timing; a series whose calls raise keeps its first timings, and the sweep goes on.
@@ -185,7 +191,7 @@ def test_a_series_with_brief_first_timings_is_timed_whatever_the_budget_and_any_
     rows[1]["status"] = rows[2]["status"] = rows[3]["status"] = "failed"
     timed = []
     assert remeasure_series(rows, traced_calls(machine, []), total_budget=60.0,
-                            min_time=0.0, sleep=lambda s: None, **machine.clocks()) == 0
+                            min_time=0.0, clocks=quiet_clocks(machine)) == 0
 
     def full(row):
         timed.append(row["L"])
@@ -224,12 +230,12 @@ def test_each_series_and_each_noisy_group_is_timed_inside_its_backends_thread_li
 
     machine = SyntheticMachine(seed=7, noise=0.01)
     make_call = traced_calls(machine, log)
-    remeasure_series(rows, make_call, total_budget=60.0, min_time=0.0, sleep=lambda s: None,
-                     threads_for=threads_for, **machine.clocks())
+    remeasure_series(rows, make_call, total_budget=60.0, min_time=0.0,
+                     threads_for=threads_for, clocks=quiet_clocks(machine))
     assert entered == ["numba", "reference"]
     rows[2]["noisy"] = True  # still noisy after the pass: the noisy pass takes it
     remeasure_noisy(rows, make_call, budget=0.0, total_budget=60.0, min_time=0.0,
-                    sleep=lambda s: None, threads_for=threads_for, **machine.clocks())
+                    threads_for=threads_for, clocks=quiet_clocks(machine))
     assert entered == ["numba", "reference", "numba"]
     # Every call ran inside a limit: between an enter and its exit.
     depth = 0

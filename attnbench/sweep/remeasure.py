@@ -34,6 +34,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
 from attnbench.measure.probe import Probe, fault
 from attnbench.measure.timing import Timing, interleaved
 
-__all__ = ["REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MAX_GROUP", "SERIES_MIN_POINTS",
+__all__ = ["Clocks", "REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MAX_GROUP", "SERIES_MIN_POINTS",
            "SERIES_ROUNDS", "SERIES_VARIABLES", "complete_brief_timings", "in_long_series",
            "long_series", "neighbours", "noisy_rows", "read_against_peak", "remeasure_noisy",
            "remeasure_series", "series_count", "series_groups", "series_key"]
@@ -70,6 +71,22 @@ SERIES_EXTRA_SECONDS = 2.0
 SERIES_MAX_GROUP = 32
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """The clocks and the sleep a re-measurement times with: the system's unless a test
+    injects others (the keywords of :func:`attnbench.measure.timing.interleaved`)."""
+
+    clock: Clock = time.perf_counter
+    cpu_clock: Clock = time.process_time
+    thread_clock: Clock = time.thread_time
+    sleep: Callable[[float], object] = time.sleep
+
+    def keywords(self) -> dict:
+        """``clock``, ``cpu_clock``, ``thread_clock`` and ``sleep`` as keyword arguments."""
+        return {"clock": self.clock, "cpu_clock": self.cpu_clock,
+                "thread_clock": self.thread_clock, "sleep": self.sleep}
 
 
 def _unchanged(row: dict) -> contextlib.AbstractContextManager:
@@ -219,10 +236,7 @@ def _update(row: dict, timing: Timing, flag: str = "remeasured") -> None:
 def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,
                      total_budget: float, rounds: int = SERIES_ROUNDS, min_time: float = 0.01,
                      extra: float = SERIES_EXTRA_SECONDS,
-                     probe: Probe | None = None, clock: Clock = time.perf_counter,
-                     cpu_clock: Clock = time.process_time,
-                     thread_clock: Clock = time.thread_time,
-                     sleep: Callable[[float], object] = time.sleep,
+                     probe: Probe | None = None, clocks: Clocks = Clocks(),
                      threads_for: Callable[[dict], contextlib.AbstractContextManager]
                      = _unchanged) -> int:
     """Time every series again, all its points interleaved; rows updated in place.
@@ -243,7 +257,7 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
 
     Parameters
     ----------
-    rows, make_call, min_time, probe, clock, cpu_clock, thread_clock, sleep, threads_for
+    rows, make_call, min_time, probe, clocks, threads_for
         As for :func:`remeasure_noisy`.
     total_budget : float
         Seconds for the whole pass: no series is started once it is spent.
@@ -258,23 +272,21 @@ def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], 
     int
         How many rows were re-measured.
     """
-    started = clock()
+    started = clocks.clock()
     done = 0
     for row in rows:
         if _timed_here(row):
             row.setdefault("series_interleaved", False)
     for group in series_groups(rows):
         counted_on = any(rows[i].get("brief_timing") for i in group)
-        if clock() - started >= total_budget and not counted_on:
+        if clocks.clock() - started >= total_budget and not counted_on:
             continue
         try:
             with threads_for(rows[group[0]]):
                 timings = interleaved({i: make_call(rows[i]) for i in group}, rounds=rounds,
                                       min_time=min_time,
                                       budget=extra * max(1, series_count(rows, group)),
-                                      probe=probe,
-                                      clock=clock, cpu_clock=cpu_clock,
-                                      thread_clock=thread_clock, sleep=sleep)
+                                      probe=probe, **clocks.keywords())
         except Exception as exc:  # noqa: BLE001 - keep the sweep's rows whatever happens
             print(f"warning: timing the series of {_series_name(rows[group[0]])} again "
                   f"failed ({type(exc).__name__}: {exc}); its rows keep their first "
@@ -309,10 +321,7 @@ def complete_brief_timings(rows: list[dict], full_timing: Callable[[dict], Timin
 
 def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,
                     budget: float, total_budget: float, min_time: float = 0.01,
-                    probe: Probe | None = None, clock: Clock = time.perf_counter,
-                    cpu_clock: Clock = time.process_time,
-                    thread_clock: Clock = time.thread_time,
-                    sleep: Callable[[float], object] = time.sleep,
+                    probe: Probe | None = None, clocks: Clocks = Clocks(),
                     threads_for: Callable[[dict], contextlib.AbstractContextManager]
                     = _unchanged) -> int:
     """Measure the noisy rows again, each interleaved with its neighbours; rows updated in place.
@@ -333,8 +342,9 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
         Shortest batch (s), as the sweep times its points.
     probe : Probe, optional
         Read around every round (rounds it saw disturbed are set aside).
-    clock, cpu_clock, thread_clock, sleep
-        As for :func:`attnbench.measure.timing.interleaved`.
+    clocks : Clocks, optional
+        The clocks and the sleep the timing uses (:class:`Clocks`; the system's by default,
+        injected by the tests).
     threads_for : callable, optional
         ``threads_for(row)`` -> the context (a thread limit) a series or a group of
         neighbours, all of one backend, is timed in
@@ -345,10 +355,10 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
     int
         How many noisy rows were timed again.
     """
-    started = clock()
+    started = clocks.clock()
     done = 0
     for index in noisy_rows(rows):
-        left = total_budget - (clock() - started)
+        left = total_budget - (clocks.clock() - started)
         if left <= 0:
             break
         group = [index, *neighbours(rows, index)]
@@ -356,8 +366,7 @@ def remeasure_noisy(rows: list[dict], make_call: Callable[[dict], Callable[[], o
             timings = interleaved({i: make_call(rows[i]) for i in group},
                                   rounds=REMEASURE_ROUNDS, min_time=min_time,
                                   budget=min(budget, left), probe=probe, watch=(index,),
-                                  clock=clock, cpu_clock=cpu_clock,
-                                  thread_clock=thread_clock, sleep=sleep)
+                                  **clocks.keywords())
         _update(rows[index], timings[index])
         done += 1
     return done
