@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.benchmarks import test_backward, test_decode, test_mods, test_precision
 from tests.benchmarks.test_attention import BACKENDS, MASKS, SHAPES
 from tests.benchmarks.test_peers import PEERS
@@ -55,6 +57,7 @@ def test_plain_pytest_deselects_the_benchmarks():
     assert f"{N_TINY} deselected" in result.stdout
 
 
+@pytest.mark.slow  # pytest --benchmark run in a subprocess: left out of the quick lane
 def test_benchmark_json_autosave_and_compare(tmp_path):
     report = tmp_path / "bench.json"
     storage = f"file://{tmp_path / 'storage'}"

@@ -83,6 +83,7 @@ def test_ctrl_c_in_the_agreement_check_exits_130_without_a_traceback(tmp_path, m
     assert "attnbench run: interrupted (Ctrl-C)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the agreement grid in the CUDA simulator: left out of the quick lane
 @pytest.mark.cuda
 def test_the_agreement_grid_leaves_out_the_dtypes_a_backend_does_not_take():
     """cuda takes no half dtypes yet: its half rows are left out, not failed; its float32

@@ -11,6 +11,7 @@ from attnbench.sweep.runner import PointRunner
 FAST = ["--max-time", "0.002", "--no-progress"]
 
 
+@pytest.mark.slow  # an end-to-end sweep: left out of the quick lane
 def test_sweep_from_flags_writes_the_results_and_the_fits(tmp_path, capsys):
     status = main(["sweep", "--L", "8", "16", "32", "--dk", "4", "--heads", "2",
                    "--kv-heads", "1", "--mask", "none", "padding", "--backend", "numba",

@@ -46,6 +46,7 @@ def _property(entry, name):
     return next(p for p in entry["properties"] if p["name"] == name)
 
 
+@pytest.mark.slow  # reads the end-to-end conform run: left out of the quick lane
 def test_json_has_the_issue_s_field_names(mixed_run):
     status, report, _ = mixed_run
     assert status == 1
@@ -61,6 +62,7 @@ def test_json_has_the_issue_s_field_names(mixed_run):
         "conforms", "fails", "error", "error", "error", "conforms"]
 
 
+@pytest.mark.slow  # reads the end-to-end conform run: left out of the quick lane
 def test_a_crash_keeps_the_finished_properties_and_names_the_one_under_way(mixed_run):
     dies = _entry(mixed_run[1], f"{IMPLS}:dies_on_long_rows")
     assert _property(dies, "agreement-float32")["status"] == "pass"
@@ -71,6 +73,7 @@ def test_a_crash_keeps_the_finished_properties_and_names_the_one_under_way(mixed
     assert "not run" in _property(dies, "fully-masked-row")["detail"]
 
 
+@pytest.mark.slow  # reads the end-to-end conform run: left out of the quick lane
 def test_a_hang_is_killed_and_reported_and_the_next_ones_still_run(mixed_run):
     _, report, _ = mixed_run
     hangs = _entry(report, f"{IMPLS}:hangs")
@@ -82,6 +85,7 @@ def test_a_hang_is_killed_and_reported_and_the_next_ones_still_run(mixed_run):
     assert _entry(report, f"{IMPLS}:correct")["verdict"] == "conforms"
 
 
+@pytest.mark.slow  # reads the end-to-end conform run: left out of the quick lane
 def test_the_page_shows_the_matrix_then_failures_with_case_error_and_tolerance(mixed_run):
     page = (mixed_run[2] / "page" / "conformance.html").read_text()
     assert page.index("Property × implementation") < page.index("Failures")
@@ -92,6 +96,7 @@ def test_the_page_shows_the_matrix_then_failures_with_case_error_and_tolerance(m
     assert (mixed_run[2] / "page" / "conformance.json").exists()
 
 
+@pytest.mark.slow  # reads the end-to-end conform run: left out of the quick lane
 @pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")
 def test_the_page_renders_at_1280_px(mixed_run):
     seen = check_page(mixed_run[2] / "page" / "conformance.html", width=1280)

@@ -107,6 +107,7 @@ def test_partial_sum_dot_product_beats_one_running_sum():
     assert err_new.mean() < 0.7 * err_old.mean() and err_new.max() < err_old.max()
 
 
+@pytest.mark.slow  # every backward kernel compiled to PTX: left out of the quick lane
 def test_ptx_float32_backward_kernels_have_no_float64_instruction():
     result = ptx_of_kernels("cuda.backward")
     assert sorted(result) == sorted(

@@ -35,6 +35,9 @@ from kernels import has_real_gpu
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
+# Every test here reads the module's end-to-end runs: the quick lane leaves them out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Tones a summary card may have.
@@ -99,7 +102,6 @@ def printed_column(text: str, header: str) -> list[float]:
     return values
 
 
-@pytest.mark.slow  # an end-to-end run: left out of the quick lane
 def test_no_impossible_figure_is_reported_under_load(loaded_run):
     status, out, printed = loaded_run
     assert status == 0

@@ -82,6 +82,7 @@ def test_the_mode_must_match_the_machine(monkeypatch, capsys):
     assert not matches or where.startswith("DEVICE")
 
 
+@pytest.mark.slow  # an end-to-end run of the script in the simulator: left out of the quick lane
 def test_simulator_run_writes_results_the_report_loads(tmp_path):
     out = tmp_path / "gpu"
     proc = run_script("--simulator", "--python", sys.executable, "--out", str(out))

@@ -100,6 +100,7 @@ def test_journaled_executor_skips_done_points_and_reruns_failed_ones(tmp_path):
     assert after.rows[point_key(points[2])]["status"] == "ok"  # the last row of a key wins
 
 
+@pytest.mark.slow  # an end-to-end sweep: left out of the quick lane
 def test_serial_sweep_writes_the_journal_and_resume_reruns_nothing_done(tmp_path, capsys):
     args = ["sweep", "--L", "8", "16", "32", "--dk", "4", "--heads", "1", "--backend",
             "numpy", "numba", "reference", "--out", str(tmp_path), *FAST]

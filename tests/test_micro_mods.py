@@ -129,6 +129,7 @@ def head_bias(score, b, h, q_idx, kv_idx, bias):
     return score + bias[h, q_idx % bias.shape[1]]
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_user_functions_with_bound_arrays():
     q, k, v = _qkv()
     bias = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)

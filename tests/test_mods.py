@@ -263,6 +263,7 @@ def head_bias(score, b, h, q_idx, kv_idx, bias):
     return score + bias[h, q_idx % bias.shape[1]]
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_user_functions_with_bound_arrays_match_the_builtins(serial):
     q, k, v = _qkv()
     user = mods.mask_mod(same_document, DOCS)
@@ -279,6 +280,7 @@ def test_user_functions_with_bound_arrays_match_the_builtins(serial):
     assert_matches_reference(q, k, v, "numba", mask_mod=user, causal=True)
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_bound_arrays_change_without_recompiling(serial):
     """Other values and other shapes of the same dtype and rank reuse the compiled kernel."""
     q, k, v = _qkv()

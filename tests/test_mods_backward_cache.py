@@ -64,6 +64,7 @@ def test_builtins_and_the_gradient_are_keyed_user_functions_are_not():
     assert isinstance(fns[5], _mods_cache.CachedFn)  # the score side stays keyed
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_builtins_run_the_cached_kernel_and_user_functions_the_other(serial):
     cached, per_process = numba_backward.KERNELS[1], numba_backward.KERNELS_WITH_USER_MODS[1]
     q, k, v = _qkv()

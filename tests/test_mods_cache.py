@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 from numba import njit, types
 
 from kernels import mods
@@ -74,6 +75,7 @@ def _qkv(L=70, dtype=np.float32):
     return tuple(rng.standard_normal((1, 2, L, 8)).astype(dtype) for _ in range(3))
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_builtins_run_the_cached_kernel_and_user_functions_the_other(monkeypatch):
     monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
     cached, uncached = _numba_mods._attention_serial, _numba_mods._attention_serial_user

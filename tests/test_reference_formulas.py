@@ -180,6 +180,7 @@ def test_the_reference_never_calls_the_compiled_functions(monkeypatch):
             kernels.attention_backward(q, k, v, dout, backend="reference", **kw)
 
 
+@pytest.mark.slow  # compiles a planted wrong kernel: left out of the quick lane
 def test_a_wrong_compiled_derivative_is_caught_by_the_reference(monkeypatch):
     """softcap's compiled derivative replaced by ALiBi's (1): the numba backward follows it,
     the reference does not, and dq differs far beyond the tolerance."""
