@@ -34,7 +34,7 @@ __all__ = ["THRESHOLD", "command", "compare_folders", "compare_tables", "plot_ra
 
 #: Point parameters a comparison joins on.
 KEYS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "direction",
-        "variant"]
+        "variant", "kind"]
 #: Default relative slow-down a significant change must exceed to count as a regression.
 THRESHOLD = 0.10
 #: Quantity -> (samples column, median column) of a sweep table.

@@ -54,16 +54,17 @@ EXIT_INTERRUPTED = 130
 CONSOLE_COLUMNS = {
     "backend": "backend", "L": "L", "d_k": "d_k", "heads": "H", "kv_heads": "Hkv",
     "batch": "B", "mask": "mask", "dtype": "dtype", "direction": "dir", "variant": "variant",
-    "status": "status",
+    "kind": "kind", "status": "status",
     "median_ms": "median ms", "iqr_ms": "IQR ms", "gflops": "GFLOP/s",
-    "pct_of_gemm_peak": "% GEMM", "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
+    "pct_of_gemm_peak": "% GEMM", "pct_of_read_bandwidth": "% read BW",
+    "peak_mem_mib": "mem MiB", "max_abs_err": "max|err|",
 }
 
 
 def _point_label(row) -> str:
     """``backend L=… mask dtype`` and, when not the default, direction and variant."""
-    extra = [str(getattr(row, name, "")) for name in ("direction", "variant")
-             if getattr(row, name, "") not in ("", "forward", "none")]
+    extra = [str(getattr(row, name, "")) for name in ("direction", "variant", "kind")
+             if getattr(row, name, "") not in ("", "forward", "none", "dense")]
     return " ".join([f"{row.backend} L={row.L} {row.mask} {row.dtype}", *extra])
 
 
@@ -92,8 +93,10 @@ def print_verdicts(fits: pd.DataFrame, file=None) -> None:
     for row in measured.itertuples():
         fixed = " ".join(str(getattr(row, name)) for name in ("backend", "mask", "dtype"))
         fixed += "".join(f" {value}" for value in (getattr(row, "variant", "none"),
-                                                    getattr(row, "direction", "forward"))
-                         if isinstance(value, str) and value not in ("none", "forward", ""))
+                                                    getattr(row, "direction", "forward"),
+                                                    getattr(row, "kind", "dense"))
+                         if isinstance(value, str) and value not in ("none", "forward", "dense",
+                                                                     ""))
         if "group" in measured:  # results of several hosts: say which
             fixed = f"{row.group}: {fixed}"
         print(f"  [{fixed}] {row.verdict}", file=file)
@@ -112,7 +115,7 @@ def _status_of_sweep(table: pd.DataFrame) -> int:
 #: Grid flags of ``attnbench sweep`` (argparse dest -> grid parameter).
 GRID_FLAGS = {"L": "L", "dk": "d_k", "heads": "heads", "kv_heads": "kv_heads",
               "batch": "batch", "mask": "mask", "dtype": "dtype", "backend": "backend",
-              "direction": "direction", "variant": "variant"}
+              "direction": "direction", "variant": "variant", "kind": "kind"}
 
 
 def grids_from_args(args) -> list[Grid]:

@@ -12,7 +12,15 @@ from attnbench.bench import run as bench_run
 from attnbench.bench.config import SECTIONS
 from attnbench.cli.arguments import backend_name, cluster_spec, peer_name, positive_int, variant
 from attnbench.job import run_command, sweep_command
-from attnbench.sweep.grid import BACKENDS, DEFAULTS, DIRECTIONS, DTYPES, GRIDS, MASK_KINDS
+from attnbench.sweep.grid import (
+    BACKENDS,
+    DEFAULTS,
+    DIRECTIONS,
+    DTYPES,
+    GRIDS,
+    KINDS,
+    MASK_KINDS,
+)
 from attnbench.sweep.runner import ORACLE_LIMIT
 
 __all__ = ["add_bench", "add_run", "add_sweep"]
@@ -133,7 +141,15 @@ def add_sweep(subparsers) -> None:
             "type": variant, "metavar": "NAME",
             "help": "attention variants (kernels.mods): none, window-W (causal sliding "
                     "window, keys i-W..i), documents-N (N equal documents), alibi, softcap "
-                    "(cap 30); FLOPs count only visible pairs"}),
+                    "(cap 30), sinks (one attention-sink logit per head); FLOPs count only "
+                    "visible pairs"}),
+        ("--kind", "kind", {
+            "choices": KINDS, "metavar": "KIND",
+            "help": "entry points: dense (L queries, L keys), decode (one query per "
+                    "sequence against a cache of L keys, attention_with_kvcache; rows say "
+                    "the K/V bytes read per second against the read-bandwidth probe), "
+                    "varlen (a packed batch of --batch sequences of lengths L, L/2, L/4, "
+                    "..., attention_varlen)"}),
     ):
         default = DEFAULTS["d_k" if dest == "dk" else dest]
         shown = "= heads" if default == (None,) else " ".join(map(str, default))

@@ -135,7 +135,8 @@ def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
     ----------
     grads, exact, plain : tuple of ndarray
         ``(dq, dk, dv)`` of the backend, the oracle and the plain formulas (any shapes
-        of the same sizes: the backend's are reshaped to the oracle's).
+        of the same sizes: the backend's are reshaped to the oracle's); with attention
+        sinks, ``dsinks`` fourth.
     dtype : numpy dtype
         The inputs' dtype.
     lse : ndarray, optional
@@ -149,7 +150,8 @@ def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
         ``tolerance``, ``within_tolerance`` (every gradient within its own tolerance).
     """
     worst, within = None, True
-    for name, g, e, p in zip(GRADIENTS, grads, exact, plain, strict=True):
+    names = GRADIENTS + ("dsinks",) if len(exact) > len(GRADIENTS) else GRADIENTS
+    for name, g, e, p in zip(names, grads, exact, plain, strict=True):
         error = max_abs_error(np.asarray(g).reshape(e.shape), e)
         tol = tolerance(e, p, dtype) + (0.0 if lse is None else lse_rounding(e, lse))
         within = within and error <= tol

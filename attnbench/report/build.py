@@ -66,11 +66,11 @@ def agreement_section(table: pd.DataFrame) -> Section:
 
 #: Columns of the sweep table shown in the report.
 REPORT_COLUMNS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
-                  "direction", "variant", "status",
+                  "direction", "variant", "kind", "status",
                   "median_ms", "iqr_ms", "runs", "calls", "gflops", "pct_of_gemm_peak",
                   "threads", "peak_mem_bytes", "max_abs_err", "tolerance", "within_tolerance",
                   "oracle", "h2d_ms", "d2h_ms", "host_call_ms", "launch_overhead_us",
-                  "timing_method")
+                  "timing_method", "read_gbs", "pct_of_read_bandwidth")
 
 
 def sweep_section(table: pd.DataFrame, meta: dict | None = None) -> Section:

@@ -27,7 +27,7 @@ __all__ = ["GROUP_COLUMN", "device_of", "group_labels", "groups", "host_peaks",
 GROUP_COLUMN = "group"
 #: Parameters that identify a point (besides its group).
 POINT_COLUMNS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
-                 "direction", "variant"]
+                 "direction", "variant", "kind"]
 #: Machine columns shown per group in the hosts section, when present.
 MACHINE_COLUMNS = ["cpu_model", "logical_cores", "numba_threads", "threading_layer", "blas",
                    "numpy", "numba"]

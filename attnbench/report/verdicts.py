@@ -23,7 +23,7 @@ __all__ = ["scaling_section", "scaling_sections", "verdicts_table"]
 
 #: Columns of the verdicts table, in order (those a fits table has).
 VERDICT_TABLE = ("backend", "quantity", "variable", "mask", "dtype", "direction", "variant",
-                 "outcome", "exponent", "expected", "n_used", "verdict")
+                 "kind", "outcome", "exponent", "expected", "n_used", "verdict")
 
 
 def verdicts_table(fits: pd.DataFrame) -> pd.DataFrame:
@@ -174,14 +174,14 @@ def _load_text(meta: dict) -> str:
 
 def _series_label(row) -> str:
     fixed = []
-    for name in ("backend", "mask", "dtype", "direction", "variant", "L", "d_k", "heads",
-                 "kv_heads", "batch"):
+    for name in ("backend", "mask", "dtype", "direction", "variant", "kind", "L", "d_k",
+                 "heads", "kv_heads", "batch"):
         value = getattr(row, name, "")
-        if name in ("direction", "variant") and value in ("forward", "none"):
+        if name in ("direction", "variant", "kind") and value in ("forward", "none", "dense"):
             continue
         if name != row.variable and value != "" and not (name == "kv_heads"
                                                          and row.variable == "heads"):
             fixed.append(f"{name}={value}" if name not in ("backend", "mask", "dtype",
-                                                            "direction", "variant")
+                                                            "direction", "variant", "kind")
                          else str(value))
     return ", ".join(fixed)

@@ -232,9 +232,12 @@ def _conclusion(fit: PowerFit, variable: str, expected: float, low: float, high:
 
 #: Point parameters of a sweep table; a fit varies one and holds the others fixed.
 PARAMETERS = ("backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype",
-              "direction", "variant")
+              "direction", "variant", "kind")
 #: Values of the parameters that tables written before they existed lack.
-PARAMETER_DEFAULTS = {"direction": "forward", "variant": "none"}
+PARAMETER_DEFAULTS = {"direction": "forward", "variant": "none", "kind": "dense"}
+#: How a verdict names L for each kind of point (:data:`attnbench.sweep.grid.KINDS`): a
+#: decode point's L is its cache length, Lk.
+L_NAMES = {"decode": "Lk"}
 #: Variables fitted against, with the expected exponent of the time.
 TIME_EXPONENTS = {"L": 2, "d_k": 1, "heads": 1, "batch": 1}
 #: Expected exponent of the peak memory against L, per backend (None: no claim), and
@@ -309,8 +312,13 @@ def _group_keys(variable: str) -> list[str]:
 
 
 def _expected(quantity: str, variable: str, backend: str,
-              variant: str = "none") -> tuple[float | None, bool]:
+              variant: str = "none", kind: str = "dense") -> tuple[float | None, bool]:
     """``(expected exponent or None, whether it is an upper bound)``."""
+    if kind == "decode":  # one query row per sequence: the work and the memory are O(Lk)
+        return (1, quantity == "memory") if variable == "L" else (
+            (None, False) if quantity == "memory" else (TIME_EXPONENTS[variable], False))
+    if kind == "varlen" and variable == "batch":  # more sequences, each half the last
+        return None, False
     if quantity == "memory":
         return MEMORY_EXPONENTS.get(backend, (None, False)) if variable == "L" else (None, False)
     if variable == "L" and str(variant).startswith("window-") and backend in SKIPPING_BACKENDS:
@@ -375,12 +383,14 @@ def scaling_table(table: pd.DataFrame,
                     continue
                 used = series[usable.loc[series.index]]
                 fixed = dict(zip(keys, key, strict=True))
+                kind = fixed.get("kind", "dense")
                 expected, at_most = _expected(quantity, variable, fixed["backend"],
-                                              fixed.get("variant", "none"))
+                                              fixed.get("variant", "none"), kind)
                 fit = fit_series(used, used[variable], quantity, data,
                                  lower=lower_term(quantity, expected))
                 rows.append(fit_row(quantity, variable, fixed, fit, used, len(series),
-                                    expected, at_most=at_most))
+                                    expected, at_most=at_most,
+                                    label=L_NAMES.get(kind) if variable == "L" else None))
     windows = window_fits(table, [q for q in quantities if q in CLOCKS])
     return pd.concat([pd.DataFrame(rows), windows], ignore_index=True) if len(windows) \
         else pd.DataFrame(rows)
@@ -418,7 +428,7 @@ def window_fits(table: pd.DataFrame, quantities=("time", "cpu")) -> pd.DataFrame
 
 def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
             used: pd.DataFrame, n_points: int, expected: float | None, *,
-            at_most: bool = False) -> dict:
+            at_most: bool = False, label: str | None = None) -> dict:
     """One row of :func:`scaling_table`: the fit, its interval and its :func:`verdict`.
 
     Parameters
@@ -436,13 +446,16 @@ def fit_row(quantity: str, variable: str, fixed: dict, fit: PowerFit | None,
         The claimed exponent (None: only measured).
     at_most : bool
         The claim is an upper bound.
+    label : str, optional
+        How the verdict names the variable (default ``variable``; ``"Lk"`` for the cache
+        length of decode points, whose column is ``L``).
     """
     noisy = int(used["noisy"].astype(bool).sum()) if "noisy" in used else 0
     starved = (int(used["starved"].fillna(False).astype(bool).sum())
                if quantity in CLOCKS and "starved" in used else 0)
     threads = (int(used["threads"].max()) if "threads" in used
                and used["threads"].notna().any() else None)
-    outcome, _, conclusion, text = verdict_parts(fit, quantity, variable, expected,
+    outcome, _, conclusion, text = verdict_parts(fit, quantity, label or variable, expected,
                                                  at_most=at_most, starved=starved,
                                                  threads=threads)
     low, high = interval(fit) if fit is not None else (np.nan, np.nan)

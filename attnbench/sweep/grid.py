@@ -2,15 +2,20 @@
 
 A :class:`Grid` is a cartesian product of values for each parameter of a point
 (sequence length ``L``, head size ``d_k``, ``heads``, ``kv_heads``, ``batch``, mask kind,
-dtype, backend, ``direction`` and ``variant``).  ``direction`` is ``forward`` (time
+dtype, backend, ``direction``, ``variant`` and ``kind``).  ``direction`` is ``forward`` (time
 :func:`kernels.attention`) or ``backward`` (time :func:`kernels.attention_backward` with
 the forward's ``out`` and ``lse`` passed in: the forward is not timed).  ``variant`` is an
 attention variant of :mod:`kernels.mods` (:data:`VARIANT_FORMS`): ``none``, ``window-W``
 (``sliding_window(W)``: query i sees keys i-W .. i), ``documents-N`` (N equal documents,
-``document``), ``alibi`` or ``softcap`` (``softcap(30.0)``); see
-:mod:`attnbench.sweep.variants`.  A sweep runs the union of one or more grids, so a file can ask
-for "L from 128 to 4096 for every backend" and "d_k from 16 to 256 for numba only"
-without the full product of both.
+``document``), ``alibi``, ``softcap`` (``softcap(30.0)``) or ``sinks`` (one attention-sink
+logit per head); see :mod:`attnbench.sweep.variants`.  ``kind`` is the entry point a
+point calls (:data:`KINDS`, :mod:`attnbench.sweep.kinds`): ``dense`` (L queries against
+L keys, :func:`kernels.attention`), ``decode`` (one new query per sequence against a
+cache of L keys, :func:`kernels.attention_with_kvcache`: the time against the cache
+length is O(L) and bound by memory bandwidth) or ``varlen`` (a packed batch of ``batch``
+sequences of lengths L, L/2, L/4, ..., :func:`kernels.attention_varlen`).  A sweep runs
+the union of one or more grids, so a file can ask for "L from 128 to 4096 for every
+backend" and "d_k from 16 to 256 for numba only" without the full product of both.
 
 Grid files are TOML (read with :mod:`tomllib`) or, if pyyaml is installed, YAML.  Either
 the top level holds the parameters (one grid), or a list ``grid`` holds several::
@@ -47,7 +52,7 @@ from pathlib import Path
 
 from attnbench.measure import peers
 
-__all__ = ["BACKENDS", "DEFAULTS", "DIRECTIONS", "DTYPES", "GRIDS", "MASK_KINDS",
+__all__ = ["BACKENDS", "DEFAULTS", "DIRECTIONS", "DTYPES", "GRIDS", "KINDS", "MASK_KINDS",
            "VARIANT_FORMS", "Grid", "Point", "check_variant", "expand", "grid_from_mapping",
            "load_grid_file", "parse_variant"]
 
@@ -68,7 +73,11 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")  # half: computed in floa
 DIRECTIONS = ("forward", "backward")
 
 #: Spellings of the variant axis (W, N: positive integers; W may be 0).
-VARIANT_FORMS = ("none", "window-W", "documents-N", "alibi", "softcap")
+VARIANT_FORMS = ("none", "window-W", "documents-N", "alibi", "softcap", "sinks")
+
+#: The entry point a point calls: the dense prefill, one decode step against a KV cache,
+#: or a packed batch of variable-length sequences (:mod:`attnbench.sweep.kinds`).
+KINDS = ("dense", "decode", "varlen")
 
 
 def parse_variant(name: str) -> tuple[str, int | None]:
@@ -79,7 +88,7 @@ def parse_variant(name: str) -> tuple[str, int | None]:
     ValueError
         A name not of :data:`VARIANT_FORMS`.
     """
-    if name in ("none", "alibi", "softcap"):
+    if name in ("none", "alibi", "softcap", "sinks"):
         return name, None
     kind, _, size = str(name).partition("-")
     if kind in ("window", "documents") and size.isdigit():
@@ -110,6 +119,7 @@ class Point:
     dtype: str  # one of DTYPES
     direction: str = "forward"  # one of DIRECTIONS
     variant: str = "none"  # of VARIANT_FORMS
+    kind: str = "dense"  # one of KINDS
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,12 +131,12 @@ class Point:
         (:func:`attnbench.sweep.calls.make_inputs`), so their times compare side by side.
         """
         return (self.L, self.d_k, self.heads, self.kv_heads, self.batch, self.mask, self.dtype,
-                self.direction, self.variant)
+                self.direction, self.variant, self.kind)
 
     def label(self) -> str:
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         extra = "".join(f" {value}" for value, default in ((self.variant, "none"),
-                        (self.direction, "forward")) if value != default)
+                        (self.direction, "forward"), (self.kind, "dense")) if value != default)
         return (f"{self.backend} L={self.L} d_k={self.d_k} H={self.heads}{gqa} "
                 f"B={self.batch} {self.mask} {self.dtype}{extra}")
 
@@ -135,12 +145,12 @@ class Point:
 DEFAULTS = {
     "L": (128, 256, 512), "d_k": (64,), "heads": (4,), "kv_heads": (None,), "batch": (1,),
     "mask": ("none",), "dtype": ("float32",), "backend": ("numba", "reference"),
-    "direction": ("forward",), "variant": ("none",),
+    "direction": ("forward",), "variant": ("none",), "kind": ("dense",),
 }
 #: Other spellings accepted in files (the CLI's flag names).
 ALIASES = {"dk": "d_k", "kv-heads": "kv_heads", "n_kv_heads": "kv_heads", "backends": "backend",
            "masks": "mask", "dtypes": "dtype", "n_heads": "heads", "directions": "direction",
-           "variants": "variant"}
+           "variants": "variant", "kinds": "kind"}
 
 
 @dataclass(frozen=True)
@@ -157,13 +167,14 @@ class Grid:
     backend: tuple = DEFAULTS["backend"]  # from BACKENDS
     direction: tuple = DEFAULTS["direction"]  # from DIRECTIONS
     variant: tuple = DEFAULTS["variant"]  # of VARIANT_FORMS
+    kind: tuple = DEFAULTS["kind"]  # from KINDS
 
     def __post_init__(self):
         for name in ("L", "d_k", "heads", "batch"):
             _check_ints(name, getattr(self, name), allow_none=False)
         _check_ints("kv_heads", self.kv_heads, allow_none=True)
         for name, allowed in (("mask", MASK_KINDS), ("dtype", DTYPES), ("backend", BACKENDS),
-                              ("direction", DIRECTIONS)):
+                              ("direction", DIRECTIONS), ("kind", KINDS)):
             for value in getattr(self, name):
                 if name == "backend" and value not in allowed and peers.is_external(value):
                     continue  # module:function or a registered implementation
@@ -178,14 +189,14 @@ class Grid:
     def points(self) -> list[Point]:
         """Every point of the product, kv_heads None replaced by heads."""
         points = []
-        for backend, direction, variant, L, d_k, heads, kv_heads, batch, mask, dtype in (
-                itertools.product(self.backend, self.direction, self.variant, self.L, self.d_k,
-                                  self.heads, self.kv_heads, self.batch, self.mask,
-                                  self.dtype)):
+        for kind, backend, direction, variant, L, d_k, heads, kv_heads, batch, mask, dtype in (
+                itertools.product(self.kind, self.backend, self.direction, self.variant,
+                                  self.L, self.d_k, self.heads, self.kv_heads, self.batch,
+                                  self.mask, self.dtype)):
             points.append(Point(backend=backend, L=L, d_k=d_k, heads=heads,
                                 kv_heads=heads if kv_heads is None else kv_heads,
                                 batch=batch, mask=mask, dtype=dtype, direction=direction,
-                                variant=variant))
+                                variant=variant, kind=kind))
         return points
 
 
@@ -284,6 +295,9 @@ def expand(grids) -> list[Point]:
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
 #: Sequence lengths of the window series: 1024 to 16384, ratio ~1.6.
 WINDOW_LENGTHS = (1024, 1600, 2560, 4096, 6400, 10240, 16384)
+#: Cache lengths of the decode series: 1024 to 65536, doublings (a step is fast: ~1 ms
+#: per 32 MiB of K and V).
+DECODE_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 #: Named grids.  "quick" is what ``attnbench run`` sweeps (a minute or two on 2 quiet cores);
 #: "tiny" is a smoke test of a few seconds, for the tests (no variant: each new mask
@@ -320,6 +334,17 @@ GRIDS = {
              variant=("window-64", "window-256"), backend=("numba",)),
         Grid(L=(1024, 4096), d_k=(64,), heads=(4,), variant=("documents-8",),
              backend=("numba",)),
+        # Attention sinks against the plain call (the same lengths as the documents).
+        Grid(L=(1024, 4096), d_k=(64,), heads=(4,), variant=("sinks",), backend=("numba",)),
+        # Decoding: one query per sequence against caches of 1024 to 65536 keys (GQA 8/2,
+        # D = 128, Llama's head size): time against Lk, O(Lk), and the K/V bytes read per
+        # second against the read-bandwidth probe; the peers run the same step dense.
+        Grid(L=DECODE_LENGTHS, d_k=(128,), heads=(8,), kv_heads=(2,), kind=("decode",),
+             backend=("numba", "numpy", "torch")),
+        # Packed batches: 4 sequences of L, L/2, L/4, L/8 (work ∝ L²), within each
+        # sequence causal and not.
+        Grid(L=LENGTHS, d_k=(64,), heads=(4,), batch=(4,), mask=("none", "causal"),
+             kind=("varlen",), backend=("numba",)),
     ),
     "tiny": (
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("none", "causal"),
@@ -328,5 +353,9 @@ GRIDS = {
              backend=("numba", "reference")),
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("causal",),
              backend=("numba", "reference"), direction=("backward",)),
+        Grid(L=(64, 128, 256), d_k=(8,), heads=(2,), kv_heads=(1,), kind=("decode",),
+             backend=("numba", "reference")),
+        Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), batch=(3,), mask=("causal",),
+             kind=("varlen",), backend=("numba", "reference")),
     ),
 }

@@ -54,12 +54,13 @@ _POINT_FIELDS = tuple(f.name for f in fields(Point))
 def point_key(point: Point) -> str:
     """The stable identity of a point: ``"numba|L=128|d_k=64|H=4|Hkv=4|B=1|none|float32"``.
 
-    A backward point or one with a variant ends in ``|backward`` and ``|window-64`` (the
-    keys of forward points without a variant are those of journals written before these
-    axes existed).
+    A backward point, one with a variant or of another kind than dense ends in
+    ``|backward``, ``|window-64`` and ``|decode`` (the keys of dense forward points without
+    a variant are those of journals written before these axes existed).
     """
     extra = "".join(f"|{value}" for value, default in ((point.direction, "forward"),
-                                                       (point.variant, "none"))
+                                                       (point.variant, "none"),
+                                                       (point.kind, "dense"))
                     if value != default)
     return (f"{point.backend}|L={point.L}|d_k={point.d_k}|H={point.heads}|Hkv={point.kv_heads}"
             f"|B={point.batch}|{point.mask}|{point.dtype}{extra}")
@@ -67,8 +68,8 @@ def point_key(point: Point) -> str:
 
 def point_of_row(row: dict) -> Point:
     """The point a row measured (the row holds the point's fields; rows of older journals
-    lack ``direction`` and ``variant``: forward, none)."""
-    defaults = {"direction": "forward", "variant": "none"}
+    lack ``direction``, ``variant`` and ``kind``: forward, none, dense)."""
+    defaults = {"direction": "forward", "variant": "none", "kind": "dense"}
     values = {name: row.get(name, defaults.get(name)) for name in _POINT_FIELDS}
     for name in ("L", "d_k", "heads", "kv_heads", "batch"):
         values[name] = int(values[name])

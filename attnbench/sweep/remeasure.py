@@ -16,7 +16,8 @@ saw interference while it was timed (:attr:`attnbench.measure.timing.Timing.nois
 after the rounds :func:`~attnbench.measure.timing.measure` adds within the point's own
 budget: a burst of load lasting a whole point.  :func:`remeasure_noisy` times such a point
 again, later in the run, in alternating rounds with the points next to it in L of the
-same series (same backend, direction, variant, d_k, heads, kv_heads, batch, mask, dtype) via
+same series (same backend, direction, variant, d_k, heads, kv_heads, batch, mask, dtype,
+kind) via
 :func:`~attnbench.measure.timing.interleaved`, so that a change of load hits the point and
 its neighbours alike, until its interval is tight or its budget is spent.
 
@@ -45,12 +46,13 @@ from attnbench.measure.timing import Timing, interleaved
 
 __all__ = ["Clocks", "REMEASURE_ROUNDS", "SERIES_KEYS", "SERIES_MAX_GROUP", "SERIES_MIN_POINTS",
            "SERIES_ROUNDS", "SERIES_VARIABLES", "complete_brief_timings", "in_long_series",
-           "long_series", "neighbours", "noisy_rows", "read_against_peak", "remeasure_noisy",
+           "long_series", "neighbours", "noisy_rows", "read_against_bandwidth",
+           "read_against_peak", "remeasure_noisy",
            "remeasure_series", "series_count", "series_groups", "series_key"]
 
 #: Columns that identify a series of points along L.
 SERIES_KEYS = ("backend", "direction", "variant", "d_k", "heads", "kv_heads", "batch", "mask",
-               "dtype")
+               "dtype", "kind")
 #: The variables a series varies, each with the parameters that vary with it (a series
 #: over heads keeps the heads per K/V head, as its scaling fit does).
 SERIES_VARIABLES = {"L": ("L",), "d_k": ("d_k",), "heads": ("heads", "kv_heads"),
@@ -222,6 +224,27 @@ def read_against_peak(row: dict, peak: float) -> None:
     row["pct_of_gemm_peak"] = math.nan if row["fault"] else pct
 
 
+def read_against_bandwidth(row: dict, gbs: float | None = None) -> None:
+    """A decode row's ``read_gbs`` (its ``bytes_read`` over its median time) and, given the
+    read-bandwidth probe ``gbs``, ``read_bandwidth_gbs`` and ``pct_of_read_bandwidth``.
+
+    Rows without ``bytes_read`` are left alone.  A percentage above 100 cannot be: it is a
+    fault (added to the row's ``fault``), and the percentage is left empty.
+    """
+    nbytes = row.get("bytes_read", math.nan)
+    if nbytes is None or not np.isfinite(nbytes) or not row.get("median_ms"):
+        return
+    row["read_gbs"] = nbytes / (row["median_ms"] * 1e-3) / 1e9
+    if gbs is None or not np.isfinite(gbs):
+        return
+    pct = 100 * row["read_gbs"] / gbs
+    problem = fault(pct, 100, "% of the read bandwidth")
+    row["read_bandwidth_gbs"] = gbs
+    row["pct_of_read_bandwidth"] = math.nan if problem else pct
+    if problem:
+        row["fault"] = "; ".join(text for text in (row.get("fault"), problem) if text)
+
+
 def _update(row: dict, timing: Timing, flag: str = "remeasured") -> None:
     """The row's timing columns from ``timing``; the counts add to the first measurement's;
     ``flag`` set True."""
@@ -231,6 +254,7 @@ def _update(row: dict, timing: Timing, flag: str = "remeasured") -> None:
                samples_taken=taken + timing.taken, rounds=rounds + timing.rounds)
     if np.isfinite(row.get("gemm_peak_gflops", math.nan)):
         read_against_peak(row, row["gemm_peak_gflops"])
+    read_against_bandwidth(row, row.get("read_bandwidth_gbs"))
 
 
 def remeasure_series(rows: list[dict], make_call: Callable[[dict], Callable[[], object]], *,

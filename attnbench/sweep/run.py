@@ -10,7 +10,10 @@ a sweep and keeps the finished rows.
 Unless the caller gives the GEMM peaks, the sweep probes them (:func:`gemm_peak_gflops`)
 :data:`PEAK_PROBES` times, spread through the run, and reads every row's "% of the GEMM
 peak" against the maximum of them all: a peak probed while another process held a core
-would otherwise make the kernels look faster than the machine (above 100%).
+would otherwise make the kernels look faster than the machine (above 100%).  A sweep with
+decode points probes the read bandwidth (:func:`attnbench.measure.bandwidth.read_bandwidth_gbs`)
+at the same times, and reads each decode row's rate of reading K and V against the best
+probe (``pct_of_read_bandwidth``): decoding is bound by memory, not FLOPs.
 
 At the end of a sweep run here, every series (along L, d_k, heads or batch) is timed again
 with its points interleaved (a slower stretch of the machine then slows every point of a
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.measure.bandwidth import read_bandwidth_gbs
 from attnbench.measure.cores import CoreCheck, check_cores
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ahead
 from attnbench.measure.probe import default_probe
@@ -44,6 +48,7 @@ from attnbench.sweep.remeasure import (
     complete_brief_timings,
     in_long_series,
     noisy_rows,
+    read_against_bandwidth,
     read_against_peak,
     remeasure_noisy,
     remeasure_series,
@@ -95,6 +100,7 @@ class SweepResult:
     n_points: int  # points asked for
     load_average: tuple = (float("nan"), float("nan"))  # 1-min load at the start and end
     cores: CoreCheck | None = None  # the check that chose the thread count, if one ran
+    read_bandwidth_gbs: float | None = None  # the best read-bandwidth probe (decode points)
 
 
 def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
@@ -164,7 +170,7 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
             print(f"Threads: {cores.describe()}.", flush=True)
     rows, interrupted = [], False
     with limit_threads(threads, torch=any(point.backend == "torch" for point in points)):
-        peaks = _PeakProbes(points) if gemm_peaks is None else None
+        peaks = _PeakProbes(points, here=runs_here(executor)) if gemm_peaks is None else None
         gemm_peaks = peaks.peaks if peaks is not None else gemm_peaks
         if runner is None:
             retime = runs_here(executor) and (remeasure_budget is None or remeasure_budget > 0)
@@ -215,7 +221,8 @@ def run_sweep(points: Sequence[Point], *, max_time: float = 0.2,
     return SweepResult(table=table, interrupted=interrupted,
                        seconds=time.perf_counter() - started, gemm_peaks=gemm_peaks,
                        n_points=len(points), load_average=(load_start, load_average()),
-                       cores=cores)
+                       cores=cores,
+                       read_bandwidth_gbs=None if peaks is None else peaks.bandwidth)
 
 
 def _journal_again(rows: list[Row], journal) -> None:
@@ -251,8 +258,11 @@ class _PeakProbes:
     peak so far; :meth:`apply` reads the finished rows against the final maximum.
     """
 
-    def __init__(self, points: Sequence[Point]):
+    def __init__(self, points: Sequence[Point], *, here: bool = True):
         self.dtypes = list(dict.fromkeys(point.dtype for point in points))
+        # The bandwidth is this host's: probed only where the points run here.
+        self.decodes = here and any(point.kind == "decode" for point in points)
+        self.bandwidth: float | None = None  # GB/s: the best read-bandwidth probe so far
         self.peaks: dict = {}
         self.used: dict = {name: set() for name in self.dtypes}  # every value handed out
         n_points = len(points)
@@ -267,6 +277,8 @@ class _PeakProbes:
             self.peaks[name] = gemm_peak_gflops(compute_dtype(name), repeat=repeat,
                                                 max_time=1.0)
             self.used[name].add(self.peaks[name])
+        if self.decodes:
+            self.bandwidth = read_bandwidth_gbs(repeat=repeat)  # the best of the process's
         time.sleep(SETTLE_SECONDS)  # the BLAS workers go idle before the next timing
 
     def after_point(self, done: int) -> None:
@@ -276,6 +288,8 @@ class _PeakProbes:
     def apply(self, rows: list[Row]) -> None:
         """Read the rows that used a probed peak against the final one (% and fault)."""
         for row in rows:
+            if row.get("status") == "ok" and not row.get("resumed"):
+                read_against_bandwidth(row, self.bandwidth)
             used = self.used.get(row.get("dtype"), ())
             if row.get("status") == "ok" and row.get("gemm_peak_gflops") in used:
                 read_against_peak(row, self.peaks[row["dtype"]])

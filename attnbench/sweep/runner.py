@@ -30,10 +30,13 @@ torch's backward runs through autograd on a graph built once,
 :func:`attnbench.measure.peers.make_backward_call`), counts
 :func:`attnbench.measure.flops.backward_flops`, and checks the gradient of largest error
 against its tolerance (:mod:`attnbench.measure.grad_oracle`).  A point with a ``variant``
-adds its score or mask function (:mod:`attnbench.sweep.variants`); its FLOPs count only
-the pairs the mask function leaves visible.  What a backend cannot express (the numpy
-peer's backward, softcap in a peer, a mask function in a backward that takes none) is
-``skipped`` with the reason.
+adds its score or mask function or its sinks (:mod:`attnbench.sweep.variants`); its
+FLOPs count only the pairs the mask function leaves visible.  Decode and varlen points
+(``kind``) call their own entry points and oracles (:mod:`attnbench.sweep.kinds`); a
+decode row also says the bytes of K and V its step read (``bytes_read``) and the rate
+(``read_gbs``), which the sweep reads against its read-bandwidth probe.  What a backend
+cannot express (the numpy peer's backward, softcap or sinks in a peer, a mask function in
+a backward that takes none, a kind's unsupported masks) is ``skipped`` with the reason.
 
 Rows carry the point's parameters, the FLOP count (:mod:`attnbench.measure.flops`, visible
 pairs only), the timing (median, quartiles, IQR, min, runs and calls), GFLOP/s and the
@@ -56,13 +59,15 @@ from threadpoolctl import threadpool_limits
 
 import kernels
 from attnbench.measure import gpu_device, gpu_timing, peers
-from attnbench.measure.flops import attention_flops, backward_flops, gflops
+from attnbench.measure.flops import gflops
 from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
 from attnbench.measure.problems import SETTLE_SECONDS, timing_threads
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
+from attnbench.sweep import kinds
 from attnbench.sweep.calls import make_call, make_dout, make_inputs
 from attnbench.sweep.grid import Point
+from attnbench.sweep.remeasure import read_against_bandwidth
 from attnbench.sweep.variants import peer_kwargs, variant_kwargs
 
 __all__ = ["COLUMNS", "ORACLE_LIMIT", "PointRunner", "make_dout", "make_inputs"]
@@ -90,11 +95,12 @@ CPU_PEAK_SOURCE = "measured: numpy matmul n=1024 on this host"
 #: Columns of a sweep table, in order (then the machine columns).
 COLUMNS = (
     "backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "direction",
-    "variant", "status", "reason",
+    "variant", "kind", "status", "reason",
     "flops", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "min_ms", "runs", "calls", "gflops",
     "gemm_peak_gflops", "pct_of_gemm_peak", "peak_source", "threads", "call_overhead_ms",
     "peak_mem_bytes", "base_mem_bytes", "memory_method", "max_abs_err", "tolerance",
-    "within_tolerance", "oracle", "point_seconds", "device",
+    "within_tolerance", "oracle", "point_seconds", "device", "bytes_read", "read_gbs",
+    "read_bandwidth_gbs", "pct_of_read_bandwidth",
 )
 
 
@@ -150,6 +156,9 @@ class PointRunner:
         if point.heads % point.kv_heads:
             return (f"skipped: heads={point.heads} is not a multiple of "
                     f"kv_heads={point.kv_heads}")
+        kind = kinds.skip_reason(point)
+        if kind:
+            return kind
         if point.direction == "backward":
             if point.backend in GPU_BACKENDS:
                 return "skipped: the sweep times backward passes on the CPU only"
@@ -171,7 +180,7 @@ class PointRunner:
     @staticmethod
     def estimated_bytes(point: Point) -> float:
         """Memory a call needs beyond its inputs, for the backends that build L x L scores."""
-        scores = point.batch * point.heads * point.L * point.L
+        scores = kinds.score_entries(point)
         if point.backend == "reference":
             factor = REFERENCE_BACKWARD_FACTOR if point.direction == "backward" else 1
             return scores * REFERENCE_BYTES_PER_SCORE * factor
@@ -180,7 +189,7 @@ class PointRunner:
         return 0.0
 
     def oracle_skip_reason(self, point: Point) -> str:
-        scores = point.batch * point.heads * point.L * point.L
+        scores = kinds.score_entries(point)
         limit = self.oracle_limit if point.dtype == "float32" else self.oracle_limit // 4
         if scores > limit:
             return (f"oracle skipped: B·H·L² = {scores:,} score entries > limit {limit:,} "
@@ -212,10 +221,11 @@ class PointRunner:
         the problem: argument checks, dispatch, thread launch, fixed buffers.
         :mod:`attnbench.studies.scaling` uses both to leave that fixed part out of its fits.
         """
-        key = (point.backend, point.dtype, point.direction)
+        key = (point.backend, point.dtype, point.direction, point.kind)
         if key not in self._overheads:
             one = Point(backend=point.backend, L=1, d_k=1, heads=1, kv_heads=1, batch=1,
-                        mask="none", dtype=point.dtype, direction=point.direction)
+                        mask="none", dtype=point.dtype, direction=point.direction,
+                        kind=point.kind)
             q, k, v, kwargs = make_inputs(one)
             call = self.make_call(one, q, k, v, kwargs)
             seconds = measure(call, warmup=2, repeat=5, max_time=0.05).median
@@ -231,11 +241,16 @@ class PointRunner:
         gradient by :func:`~attnbench.measure.grad_oracle.gradient_errors`).
         """
         key = point.problem_key()
+        if key not in self._oracles and point.kind != "dense":
+            dout = make_dout(point, q) if point.direction == "backward" else None
+            with threadpool_limits(limits=1, user_api="blas"):
+                self._oracles[key] = kinds.oracle_of(point, q, k, v, kwargs, dout)
         if key not in self._oracles:
             problem = kernels.prepare(q, k, v, **kwargs,
-                                      **variant_kwargs(point.variant, point.heads, point.L))
+                                      **variant_kwargs(point.variant, point.heads, point.L,
+                                                       q.dtype))
             with threadpool_limits(limits=1, user_api="blas"):
-                if point.direction == "backward":  # (dq, dk, dv) each
+                if point.direction == "backward":  # (dq, dk, dv[, dsinks]) each
                     exact, plain = gradient_oracle(problem, make_dout(point, q))
                     self._oracles[key] = (exact, plain)
                 else:
@@ -294,11 +309,7 @@ class PointRunner:
             self._last_backend = point.backend
         q, k, v, kwargs = make_inputs(point)
         self._inputs = (point, q, k, v, kwargs)  # for _check, right after, in this process
-        B, H, L, D = point.batch, point.heads, point.L, point.d_k
-        count = backward_flops if point.direction == "backward" else attention_flops
-        flops = count(B, H, L, L, D, causal=kwargs.get("causal", False),
-                      key_lengths=kwargs.get("key_lengths"), mask=kwargs.get("mask"),
-                      mask_mod=variant_kwargs(point.variant, H, L).get("mask_mod"))
+        flops = kinds.point_flops(point, kwargs)
         if point.backend in GPU_BACKENDS:
             return self._time_on_gpu(point, flops, q, k, v, kwargs)
         with timing_threads(point.backend):  # the reference: the BLAS on one thread
@@ -338,6 +349,9 @@ class PointRunner:
                       call_overhead_ms=self.smallest_call(point)[0] * 1e3,
                       peak_mem_bytes=peak, base_mem_bytes=self.smallest_call(point)[1],
                       memory_method=memory_method, device="cpu", brief_timing=brief)
+        if point.kind == "decode":  # a decode step reads each key and value once
+            result["bytes_read"] = kinds.bytes_read(point)
+            read_against_bandwidth(result)  # the probe's reading: at the end of the sweep
         return result, out
 
     def full_timing(self, call):
@@ -348,7 +362,7 @@ class PointRunner:
     def _time_on_gpu(self, point: Point, flops, q, k, v, kwargs) -> tuple[dict, object]:
         """cuda and torch-cuda: device-resident inputs, CUDA events (measure.gpu_timing)."""
         if point.backend == "cuda":
-            kwargs = {**kwargs, **variant_kwargs(point.variant, point.heads, point.L)}
+            kwargs = {**kwargs, **variant_kwargs(point.variant, point.heads, point.L, q.dtype)}
         else:
             kwargs = peer_kwargs(point.variant, kwargs, point.heads, point.L, q.dtype)
         timed = gpu_timing.time_attention(point.backend, q, k, v, kwargs,

@@ -10,11 +10,14 @@ so that their times compare:
   (``ids = arange(L)·N // L``);
 - ``alibi``: ``score_mod=alibi(slopes)`` with the ALiBi paper's slopes ``2^(−8(h+1)/H)``;
 - ``softcap``: ``score_mod=softcap(30.0)`` (Gemma 2's attention cap is 50; any cap
-  costs the same).
+  costs the same);
+- ``sinks``: ``sinks=`` one logit per query head (:func:`sink_logits`, gpt-oss's
+  attention sinks: a term of each row's softmax denominator that has no value).
 
 The peers take no mask functions: :func:`peer_kwargs` writes a variant as a dense mask
 where that means the same (windows and documents as a bool mask, ALiBi as an additive
-float bias) and raises :class:`attnbench.measure.peers.UnsupportedByPeer` for softcap.
+float bias) and raises :class:`attnbench.measure.peers.UnsupportedByPeer` for softcap
+and sinks.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from attnbench.measure.peers import UnsupportedByPeer
 from attnbench.sweep.grid import parse_variant
 from kernels import mods
 
-__all__ = ["SOFTCAP", "alibi_slopes", "document_ids", "peer_kwargs", "variant_kwargs",
-           "window_size"]
+__all__ = ["SOFTCAP", "alibi_slopes", "document_ids", "peer_kwargs", "sink_logits",
+           "variant_kwargs", "window_size"]
 
 #: The cap of the ``softcap`` variant.
 SOFTCAP = 30.0
@@ -42,15 +45,27 @@ def document_ids(L: int, n_documents: int) -> np.ndarray:
     return np.arange(L, dtype=np.int64) * n_documents // L
 
 
+def sink_logits(heads: int, dtype=np.float32) -> np.ndarray:
+    """The ``sinks`` variant's logits: evenly spaced from −1 to 3 over the heads, (H,).
+
+    In the units of the scaled scores (about N(0, 1) for the sweep's inputs): from a sink
+    that takes little of a row's weight to one that takes most of it.
+    """
+    return np.linspace(-1.0, 3.0, heads).astype(dtype)
+
+
 def window_size(variant: str) -> int | None:
     """W of a ``window-W`` variant, else None."""
     kind, size = parse_variant(variant)
     return size if kind == "window" else None
 
 
-def variant_kwargs(variant: str, heads: int, L: int) -> dict:
-    """The ``score_mod``/``mask_mod`` keyword arguments of ``variant`` for an L x L problem."""
+def variant_kwargs(variant: str, heads: int, L: int, dtype=np.float32) -> dict:
+    """The ``score_mod``/``mask_mod`` (or ``sinks``, in ``dtype``: q's) keyword arguments
+    of ``variant`` for an L x L problem."""
     kind, size = parse_variant(variant)
+    if kind == "sinks":
+        return {"sinks": sink_logits(heads, dtype)}
     if kind == "window":
         return {"mask_mod": mods.sliding_window(size)}
     if kind == "documents":
@@ -78,11 +93,15 @@ def peer_kwargs(variant: str, kwargs: dict, heads: int, L: int, dtype) -> dict:
     Raises
     ------
     UnsupportedByPeer
-        ``softcap``: a bounded score is not a mask.
+        ``softcap``: a bounded score is not a mask; ``sinks``: a term of the softmax's
+        denominator is not one either.
     """
-    extra = variant_kwargs(variant, heads, L)
+    extra = variant_kwargs(variant, heads, L, dtype)
     if not extra:
         return kwargs
+    if "sinks" in extra:
+        raise UnsupportedByPeer("a peer cannot express attention sinks (a term of the "
+                                "softmax's denominator, not a mask)")
     if "score_mod" in extra and parse_variant(variant)[0] != "alibi":
         raise UnsupportedByPeer(f"a peer cannot express variant {variant!r} (a score "
                                 "function that is not an additive bias)")
