@@ -273,6 +273,10 @@ def cards(*, agreement=None, sweep=None, fits=None, sections=(), record=None,
         found += _fit_cards(variants.select(fits, "forward", "window"), "time", None,
                             "Sliding window O(L·W) time: {backend}", "variants",
                             variable=WINDOW_VARIABLE)
+        found += _fit_cards(variants.select(fits, "forward", "none", "decode"), "time", None,
+                            "Decode O(Lk) time: {backend}", "kinds")
+        found += _fit_cards(variants.select(fits, "forward", "none", "varlen"), "time", None,
+                            "Packed batch O(L²) time: {backend}", "kinds")
     skipping = skipping_card(sweep)
     if skipping is not None:
         found.append(skipping)

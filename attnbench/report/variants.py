@@ -28,15 +28,18 @@ __all__ = ["backward_figures", "select", "skipping_figure", "split_directions",
            "variants_section"]
 
 
-def select(table: pd.DataFrame | None, direction: str, variant: str | None = "none"):
-    """Rows of ``table`` of one direction (and variant; None: any); tables without the
-    columns are forward, plain."""
+def select(table: pd.DataFrame | None, direction: str, variant: str | None = "none",
+           kind: str | None = "dense"):
+    """Rows of ``table`` of one direction (and variant, and kind of point; None: any);
+    tables without the columns are forward, plain, dense."""
     if table is None or table.empty:
         return table
     data = with_parameters(table)
     keep = data["direction"].astype(str) == direction
     if variant is not None:
         keep &= data["variant"].astype(str) == variant
+    if kind is not None:
+        keep &= data["kind"].astype(str) == kind
     return data[keep]
 
 

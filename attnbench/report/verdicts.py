@@ -14,9 +14,10 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure.machine import busy_machine
-from attnbench.report import hosts, plots, variants
+from attnbench.report import hosts, kinds, plots, variants
 from attnbench.report.sections import Section
 from attnbench.studies import scaling
+from attnbench.studies.scaling import with_parameters
 
 __all__ = ["scaling_section", "scaling_sections", "verdicts_table"]
 
@@ -34,7 +35,7 @@ def verdicts_table(fits: pd.DataFrame) -> pd.DataFrame:
     conclusion (claim, outcome, reason), or its whole stored line for a table without
     that column: never decided again here.
     """
-    measured = fits[fits["quantity"] != "flops"]
+    measured = with_parameters(fits[fits["quantity"] != "flops"])
     stored = measured["conclusion"] if "conclusion" in measured else measured["verdict"]
     shown = measured.assign(exponent=[scaling.row_exponent(row)
                                       for _, row in measured.iterrows()],
@@ -71,8 +72,8 @@ def scaling_sections(table: pd.DataFrame, meta: dict) -> list[Section]:
             main.figures.append((f"Time against {words}, log-log, with the fitted law, its "
                                  "95% band and an O(" + variable + ") guide", figure))
     main.figures += variants.backward_figures(table, fits)
-    section = variants.variants_section(table, fits)
-    return sections + ([section] if section is not None else [])
+    extra = [variants.variants_section(table, fits), kinds.kinds_section(table, fits, meta)]
+    return sections + [section for section in extra if section is not None]
 
 
 def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,

@@ -42,6 +42,12 @@ verdict is decided: :func:`scaling_table` stores each fit's outcome, its line
 (``conclusion``), and the report shows them as stored; :func:`exponent_text` writes an
 exponent and its interval for both.
 
+Decode and varlen points (the sweep's ``kind``, :mod:`attnbench.sweep.kinds`) are series
+of their own: a decode step's time and memory against its cache length (L, named Lk in
+the verdicts) are expected O(Lk) (one query row per sequence: every key and value read
+once), with no lower-order term; a packed batch of sequences L, L/2, ... is expected O(L²)
+against L and has no claim against its batch (each added sequence is half the last).
+
 Sliding windows: a causal window of fixed W costs O(L·W), so its time against L is
 expected linear, and :func:`window_fits` fits the time of the ``window-W`` points against
 ``x = L·W`` over every L and W of a series (expected p = 1).  The kernels walk keys in
@@ -134,7 +140,10 @@ def row_exponent(row) -> str:
     low, high = row.get("ci_low", np.nan), row.get("ci_high", np.nan)
     if not (np.isfinite(low) and np.isfinite(high)) and np.isfinite(row.get("ci95", np.nan)):
         low, high = slope - row["ci95"], slope + row["ci95"]  # a table without the ends
-    return exponent_text(str(row.get("variable", "x")), slope, low, high)
+    variable = str(row.get("variable", "x"))
+    if variable == "L":  # a decode point's L is its cache length
+        variable = L_NAMES.get(str(row.get("kind", "dense")), variable)
+    return exponent_text(variable, slope, low, high)
 
 
 def verdict(fit: PowerFit | None, quantity: str, variable: str,

@@ -57,6 +57,8 @@ def save_results(result: SweepResult, out_dir, *, extra_meta: dict | None = None
             "n_rows": len(result.table), "load_average_1m_start": result.load_average[0],
             "load_average_1m_end": result.load_average[1], "machine": machine_record(),
             "written": [path.name for path in written], **(extra_meta or {})}
+    if getattr(result, "read_bandwidth_gbs", None) is not None:  # a sweep with decode points
+        meta["read_bandwidth_gbs"] = result.read_bandwidth_gbs
     if getattr(result, "cores", None) is not None:
         cores = result.cores
         meta["cores"] = {"requested": cores.requested, "threads": cores.threads,
