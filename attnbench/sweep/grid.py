@@ -353,7 +353,7 @@ GRIDS = {
              backend=("numba", "reference")),
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), mask=("causal",),
              backend=("numba", "reference"), direction=("backward",)),
-        Grid(L=(64, 128, 256), d_k=(8,), heads=(2,), kv_heads=(1,), kind=("decode",),
+        Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), kv_heads=(1,), kind=("decode",),
              backend=("numba", "reference")),
         Grid(L=(16, 32, 64), d_k=(8,), heads=(2,), batch=(3,), mask=("causal",),
              kind=("varlen",), backend=("numba", "reference")),
