@@ -44,7 +44,13 @@ _dropout_bits = build_dropout_bits(_device)  # the hash every backend shares
 DOT_PARTIAL_SUMS = 8
 
 
-def make_dot(F, widen):
+@_device
+def identity(x):
+    """``x``: the load and store conversions of a float32 or float64 kernel."""
+    return x
+
+
+def make_dot(F, widen=identity):
     """``dot(x, x_off, y, y_off, n) = Σ_d x[x_off + d] · y[y_off + d]``, a device function
     in the numba type ``F`` with ``DOT_PARTIAL_SUMS`` interleaved partial sums; every element
     is loaded through the device function ``widen`` (to ``F``: :mod:`kernels.cuda.half`).
@@ -148,7 +154,7 @@ def make_compensated_dot(F):
     return dot
 
 
-def tile_functions(F, widen, narrow):
+def tile_functions(F, widen=identity, narrow=identity):
     """``(load_tile, accumulate_tile, finish_row)``: the device functions of one thread's
     online softmax in the numba type ``F``, shared by this kernel and the kernel with
     compiled mods (:mod:`kernels.cuda.mods`).  ``widen`` converts a loaded K or V element to

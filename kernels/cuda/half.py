@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda
 
 from .._dtypes import BFLOAT16, compute_dtype
-from .device import SIMULATOR, _device
+from .device import SIMULATOR, _device, identity
 
 _U16, _U32 = numba.types.uint16, numba.types.uint32
 _F16, _F32 = numba.types.float16, numba.types.float32
@@ -111,11 +111,6 @@ def _f16_narrow(x):
     return _F16(x)
 
 
-@_device
-def _identity(x):
-    return x
-
-
 def conversions(dtype):
     """``(widen, narrow)``: device functions from an element of a kernel's input array to
     its compute dtype, and from the compute dtype to an element of its output array."""
@@ -124,7 +119,7 @@ def conversions(dtype):
         return _f16_widen, _f16_narrow
     if BFLOAT16 is not None and dtype == BFLOAT16:
         return _bf16_widen, _bf16_narrow
-    return _identity, _identity
+    return identity, identity
 
 
 @functools.cache
