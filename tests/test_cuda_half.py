@@ -187,12 +187,22 @@ def test_attention_device_takes_half_device_arrays(dtype):
 
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 def test_decode_keeps_refusing_half_inputs_by_name(dtype):
-    """attention_with_kvcache takes no half inputs on any backend yet: a clear error."""
+    """attention_with_kvcache takes no half inputs on any backend yet: the API's validation
+    says so (a TypeError naming the dtype), and the cuda decode's own check, should a half
+    problem get past it, is a ValueError naming it."""
+    from kernels._decode_problem import DecodeProblem
+    from kernels.cuda import decode as cuda_decode
+
     q = np.ones((1, 2, 1, 4), dtype)
     cache = np.ones((1, 2, 8, 4), dtype)
     with pytest.raises(TypeError, match=f"q has dtype {np.dtype(dtype)}; expected float32"):
         kernels.attention_with_kvcache(q, cache, cache.copy(), cache_seqlens=np.array([3]),
                                        backend="cuda")
+    problem = DecodeProblem(q=q, k_cache=cache, v_cache=cache, block_table=np.zeros((1, 1),
+                            np.int64), seqlens=np.array([3]), causal=True, scale=0.5,
+                            num_splits=0)
+    with pytest.raises(ValueError, match=f"does not decode {np.dtype(dtype)} inputs"):
+        cuda_decode.check_supported(problem)
 
 
 # --- PTX: the real compiler, without a GPU ------------------------------------------------
