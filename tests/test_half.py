@@ -311,16 +311,7 @@ def test_parity_with_torch_sdpa_on_the_cpu(dtype):
     assert max_error(ref.astype(dtype), exact) <= tol  # torch is within the same rule
 
 
-@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
-def test_the_cuda_backend_refuses_half_inputs_by_name(dtype):
-    """Not built yet (issue 25's cuda part): a clear error, never a wrong answer."""
-    if "cuda" not in kernels.available_backends():
-        pytest.skip("the cuda backend cannot run here")
-    q = np.ones((2, 3, 4), dtype)
-    for call in (lambda: kernels.attention(q, q, q, backend="cuda"),
-                 lambda: kernels.attention_backward(q, q, q, q, backend="cuda")):
-        with pytest.raises(ValueError, match=f"backend='cuda' does not take {np.dtype(dtype)}"):
-            call()
+# The cuda backend in half precision (forward, backward, PTX): tests/test_cuda_half.py.
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)

@@ -21,7 +21,9 @@ before any of its data is read, so NaN stored where it is hidden reaches no grad
 Both kernels read q, k, v and dout from global memory (no shared-memory tiles yet: the
 simplest form with the right semantics; it is verified in Numba's CUDA simulator and by
 compiling to PTX, and has never run on a GPU).  Kernels are built per dtype so that the
-float32 ones contain no float64 instruction.
+float32 ones contain no float64 instruction.  A float16 or bfloat16 kernel computes in
+float32: its loads of q, k, v and dout are widened, its dq, dk and dv stores rounded to the
+input dtype (to nearest even: :mod:`kernels.cuda.half`); lse, Δ and the mask are float32.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 from numba import cuda
 
 from .._dropout import dropout_threshold
+from .._dtypes import FULL_DTYPES, compute_dtype
 from .._problem import AttentionProblem
 from ..mods import lowering as mc
 from ..mods.cells import EMPTY, FULL
@@ -41,6 +44,7 @@ from ..mods.dense import run_user_code
 from ..mods.lowering import mod_arguments
 from . import launch
 from .device import SIMULATOR, _device, _dropout_bits, make_dot
+from .half import compute_type, conversions, kernel_view, storage_dtype, storage_type, user_view
 from .launch import _simulator_lock, check_supported
 from .source import MAX_HEAD_DIM
 
@@ -53,16 +57,17 @@ def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=No
     the score function's derivative); the identities when None.  The kernels take their bound
     data as the two last arguments (``mask_args``, ``score_args``; empty tuples without).
     """
-    F = numba.from_dtype(np.dtype(dtype))
+    F = compute_type(dtype)
     if mask_fn is None:
         mask_fn, tile_fn = mc.identity_mask("cuda")
     if score_fn is None:
         score_fn = mc.identity_score("cuda")
-        grad_fn = mc.identity_score_grad("cuda", dtype)
+        grad_fn = mc.identity_score_grad("cuda", compute_dtype(dtype))
     ZERO = F(0)
     NEG_INF = F(-np.inf)
     NO_DROPOUT = np.uint64(0)
-    dot = make_dot(F)
+    widen, narrow = conversions(dtype)
+    dot = make_dot(F, widen)
 
     @_device
     def visible(i, j, b, h, key_len, causal, causal_offset, mask, mask_sb, mask_sh,
@@ -145,14 +150,14 @@ def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=No
                                             extra, scale, threshold, keep_scale, seed, D, Dv,
                                             score_args)
                         for d in range(D):
-                            dk_acc[d] += ds * q[b, h, i, d]
+                            dk_acc[d] += ds * widen(q[b, h, i, d])
                         if pd != ZERO:
                             for d in range(Dv):
-                                dv_acc[d] += pd * dout[b, h, i, d]
+                                dv_acc[d] += pd * widen(dout[b, h, i, d])
         for d in range(D):
-            dk[b, hk, j, d] = dk_acc[d] * scale
+            dk[b, hk, j, d] = narrow(dk_acc[d] * scale)
         for d in range(Dv):
-            dv[b, hk, j, d] = dv_acc[d]
+            dv[b, hk, j, d] = narrow(dv_acc[d])
 
     def dq_kernel(q, k, v, dout, lse, row_dot, mask, mask_sb, mask_sh, mask_si, mask_sj,
                   has_mask, key_lengths, causal, causal_offset, scale, threshold,
@@ -194,17 +199,19 @@ def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=No
                                         scale, threshold, keep_scale, seed, D, Dv,
                                         score_args)
                     for d in range(D):
-                        dq_acc[d] += ds * k[b, hk, j, d]
+                        dq_acc[d] += ds * widen(k[b, hk, j, d])
         for d in range(D):
-            dq[b, h, i, d] = dq_acc[d] * scale
+            dq[b, h, i, d] = narrow(dq_acc[d] * scale)
 
     return dkdv_kernel, dq_kernel
 
 
 def _signatures(dtype):
-    """Argument types of ``(dkdv_kernel, dq_kernel)`` for ``dtype``."""
-    F = numba.from_dtype(np.dtype(dtype))
-    a4, a3 = numba.types.Array(F, 4, "C"), numba.types.Array(F, 3, "C")
+    """Argument types of ``(dkdv_kernel, dq_kernel)`` for ``dtype``: q, k, v, dout, dq, dk
+    and dv of the storage type (:func:`kernels.cuda.half.storage_type`), the rest of the
+    compute type."""
+    F = compute_type(dtype)
+    a4, a3 = numba.types.Array(storage_type(dtype), 4, "C"), numba.types.Array(F, 3, "C")
     i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
     common = (
         a4, a4, a4, a4, a3, a3,  # q, k, v, dout, lse, row_dot
@@ -243,8 +250,9 @@ def compile_mods_ptx(problem: AttentionProblem, cc=(9, 0)) -> dict[str, str]:
     if SIMULATOR:
         raise RuntimeError("compile_mods_ptx needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
     mask_fn, tile_fn, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
-    grad_fn = (mc.identity_score_grad("cuda", problem.dtype) if problem.score_mod is None
-               else problem.score_mod.grad("cuda", problem.dtype))
+    wide = compute_dtype(problem.dtype)
+    grad_fn = (mc.identity_score_grad("cuda", wide) if problem.score_mod is None
+               else problem.score_mod.grad("cuda", wide))
     extra = (numba.typeof(mask_args), numba.typeof(score_args))
     ptx = {}
     sources = _kernel_sources(problem.dtype, mask_fn, tile_fn, score_fn, grad_fn)
@@ -254,15 +262,16 @@ def compile_mods_ptx(problem: AttentionProblem, cc=(9, 0)) -> dict[str, str]:
     return ptx
 
 
-def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
-    """PTX of both backward kernels for float32 and float64 (needs NVVM, not a GPU).
+def compile_ptx_all(cc=(9, 0), dtypes=FULL_DTYPES) -> dict[str, str]:
+    """PTX of both backward kernels for ``dtypes`` (default float32 and float64;
+    ``kernels._dtypes.HALF_DTYPES`` for the half ones); needs NVVM, not a GPU.
 
     Returns ``{"dkdv_float32": ptx, "dq_float32": ptx, ...}``.
     """
     if SIMULATOR:
         raise RuntimeError("compile_ptx_all needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
     ptx = {}
-    for dtype in (np.float32, np.float64):
+    for dtype in dtypes:
         name = np.dtype(dtype).name
         for kind, source, sig in zip(("dkdv", "dq"), _kernel_sources(dtype),
                                      _signatures(dtype), strict=True):
@@ -281,37 +290,48 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     lse : ndarray, shape (B, H, Lq)
     block : int, optional
         Threads per block; default ``launch.BLOCK_Q``.
+
+    Returns
+    -------
+    dq, dk, dv : ndarray
+        In the input dtype (for half inputs rounded to nearest even from float32).
     """
     check_supported(problem)
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
-    dtype = problem.dtype
-    dq = np.zeros((B, H, Lq, D), dtype=dtype)
-    dk = np.zeros((B, Hkv, Lk, D), dtype=dtype)
-    dv = np.zeros((B, Hkv, Lk, Dv), dtype=dtype)
+    dtype = compute_dtype(problem.dtype)  # of lse, Δ, the mask and the scalars
+    stored = storage_dtype(problem.dtype)  # of q, k, v, dout and the gradients, as sent
+    dq = np.zeros((B, H, Lq, D), dtype=stored)
+    dk = np.zeros((B, Hkv, Lk, D), dtype=stored)
+    dv = np.zeros((B, Hkv, Lk, Dv), dtype=stored)
     if B * H * Lq * Lk == 0:
-        return dq, dk, dv
+        return tuple(user_view(g, problem.dtype) for g in (dq, dk, dv))
     block = block or launch.BLOCK_Q
     with np.errstate(invalid="ignore", over="ignore"):
-        row_dot = np.einsum("bhid,bhid->bhi", dout, out)  # Δ, (B, H, Lq)
+        row_dot = np.einsum("bhid,bhid->bhi", dout.astype(dtype, copy=False),
+                            out.astype(dtype, copy=False))  # Δ, (B, H, Lq)
     has_mask = problem.mask is not None
-    mask = problem.additive_mask().reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
+    mask = (problem.additive_mask().reshape(-1).astype(dtype, copy=False) if has_mask
+            else np.zeros(1, dtype=dtype))
     ftype = dtype.type
     mod_args, user_names = ((), ()), ()
     has_mods = problem.score_mod is not None or problem.mask_mod is not None
     if has_mods:
         mask_fn, tile_fn, mask_args, score_fn, score_args = mod_arguments(problem, "cuda")
         grad_fn = (mc.identity_score_grad("cuda", dtype) if problem.score_mod is None
-                   else problem.score_mod.grad("cuda", dtype))
+                   else problem.score_mod.grad("cuda", dtype))  # in the compute dtype
         mod_args, user_names = (mask_args, score_args), mc.user_names(problem)
     with _simulator_lock:
         if has_mods:
-            dkdv_kernel, dq_kernel = _mods_kernels(dtype, mask_fn, tile_fn, score_fn, grad_fn)
+            dkdv_kernel, dq_kernel = _mods_kernels(problem.dtype, mask_fn, tile_fn, score_fn,
+                                                   grad_fn)
             mod_args = tuple(tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a
                                    for a in group) for group in mod_args)
         else:
-            dkdv_kernel, dq_kernel = _kernels(dtype)
-        arrays = [cuda.to_device(np.ascontiguousarray(x)) for x in (
-            problem.q, problem.k, problem.v, dout, lse, row_dot, mask)]
+            dkdv_kernel, dq_kernel = _kernels(problem.dtype)
+        arrays = [cuda.to_device(np.ascontiguousarray(kernel_view(x))) for x in (
+            problem.q, problem.k, problem.v, dout)]
+        arrays += [cuda.to_device(np.ascontiguousarray(x, dtype=dtype)) for x in (
+            lse, row_dot, mask)]
         options = (
             *problem.mask_strides(), has_mask,
             cuda.to_device(problem.key_lengths_or_full()),
@@ -325,4 +345,5 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
                                                                 dv_dev, *mod_args),
             dq_kernel[B * H * math.ceil(Lq / block), block](*arrays, *options, dq_dev,
                                                             *mod_args)))
-        return dq_dev.copy_to_host(), dk_dev.copy_to_host(), dv_dev.copy_to_host()
+        return tuple(user_view(g.copy_to_host(), problem.dtype)
+                     for g in (dq_dev, dk_dev, dv_dev))

@@ -24,6 +24,7 @@ import numpy as np
 from numba import cuda
 
 from .._decode_problem import DecodeProblem
+from .._dtypes import is_half
 from .device import SIMULATOR
 from .launch import _simulator_lock
 
@@ -178,6 +179,9 @@ def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
 def check_supported(problem: DecodeProblem) -> None:
     """ValueError for what this kernel does not do (before the API writes anything)."""
     B, H, Hkv, Lq, D, Dv = problem.shape
+    if is_half(problem.dtype):  # the API's validation refuses them first; kept as a guard
+        raise ValueError(f"backend='cuda' does not decode {problem.dtype} inputs yet (q of "
+                         f"dtype {problem.dtype}); use float32 or float64")
     if problem.score_mod is not None or problem.mask_mod is not None:
         raise ValueError("backend='cuda' decodes without score_mod and mask_mod; use "
                          "backend='numba' or 'reference' for them")

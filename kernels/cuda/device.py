@@ -4,8 +4,9 @@ Whether ``numba.cuda`` is Numba's CUDA simulator (:data:`SIMULATOR`), the decora
 inlines a device function into its kernel, the dropout hash, the dot product with partial
 sums (:func:`make_dot`), the compensated one of the forward's scores
 (:func:`make_compensated_dot`) and one thread's online softmax over a K/V tile
-(:func:`tile_functions`).  Each builder takes the numba type ``F`` of the input dtype so
-that every constant has that dtype (no float64 instruction in a float32 kernel).
+(:func:`tile_functions`).  Each builder takes the numba type ``F`` of the compute dtype (the
+input dtype; float32 for half inputs) so that every constant has that dtype (no float64
+instruction in a float32 or half kernel).
 """
 
 from __future__ import annotations
@@ -43,9 +44,16 @@ _dropout_bits = build_dropout_bits(_device)  # the hash every backend shares
 DOT_PARTIAL_SUMS = 8
 
 
-def make_dot(F):
+@_device
+def identity(x):
+    """``x``: the load and store conversions of a float32 or float64 kernel."""
+    return x
+
+
+def make_dot(F, widen=identity):
     """``dot(x, x_off, y, y_off, n) = Σ_d x[x_off + d] · y[y_off + d]``, a device function
-    in the numba type ``F`` with ``DOT_PARTIAL_SUMS`` interleaved partial sums.
+    in the numba type ``F`` with ``DOT_PARTIAL_SUMS`` interleaved partial sums; every element
+    is loaded through the device function ``widen`` (to ``F``: :mod:`kernels.cuda.half`).
 
     On unscaled large logits (scale = 1, |q|, |k| ~ 6) one sequential float32 sum had 4.1x
     the error of NumPy's float32 formula; eight partial sums bring it within the tolerance.
@@ -66,17 +74,17 @@ def make_dot(F):
         while d + 8 <= n:
             a = x_off + d
             c = y_off + d
-            s0 += x[a] * y[c]
-            s1 += x[a + 1] * y[c + 1]
-            s2 += x[a + 2] * y[c + 2]
-            s3 += x[a + 3] * y[c + 3]
-            s4 += x[a + 4] * y[c + 4]
-            s5 += x[a + 5] * y[c + 5]
-            s6 += x[a + 6] * y[c + 6]
-            s7 += x[a + 7] * y[c + 7]
+            s0 += widen(x[a]) * widen(y[c])
+            s1 += widen(x[a + 1]) * widen(y[c + 1])
+            s2 += widen(x[a + 2]) * widen(y[c + 2])
+            s3 += widen(x[a + 3]) * widen(y[c + 3])
+            s4 += widen(x[a + 4]) * widen(y[c + 4])
+            s5 += widen(x[a + 5]) * widen(y[c + 5])
+            s6 += widen(x[a + 6]) * widen(y[c + 6])
+            s7 += widen(x[a + 7]) * widen(y[c + 7])
             d += 8
         while d < n:
-            s0 += x[x_off + d] * y[y_off + d]
+            s0 += widen(x[x_off + d]) * widen(y[y_off + d])
             d += 1
         return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
@@ -146,10 +154,12 @@ def make_compensated_dot(F):
     return dot
 
 
-def tile_functions(F):
+def tile_functions(F, widen=identity, narrow=identity):
     """``(load_tile, accumulate_tile, finish_row)``: the device functions of one thread's
     online softmax in the numba type ``F``, shared by this kernel and the kernel with
-    compiled mods (:mod:`kernels.cuda.mods`)."""
+    compiled mods (:mod:`kernels.cuda.mods`).  ``widen`` converts a loaded K or V element to
+    ``F`` and ``narrow`` an output element from ``F`` (:func:`kernels.cuda.half.conversions`:
+    the identities for float32 and float64)."""
     ZERO = F(0)
     ONE = F(1)
     NEG_INF = F(-np.inf)
@@ -172,7 +182,7 @@ def tile_functions(F):
         step_keys = block_q // width
         step_d = block_q % width
         for idx in range(t, n_keys * width, block_q):
-            tiles[offset + idx] = src[b, hk, j0 + kk, d]
+            tiles[offset + idx] = widen(src[b, hk, j0 + kk, d])
             kk += step_keys
             d += step_d
             if d >= width:
@@ -214,7 +224,7 @@ def tile_functions(F):
             if not row_nan:
                 lse[b, h, i] = row_max + F(math.log(row_sum))
         for d in range(out.shape[3]):
-            out[b, h, i, d] = NAN if row_nan else acc[d] * inv_sum
+            out[b, h, i, d] = narrow(NAN if row_nan else acc[d] * inv_sum)
         if want_weights:
             for j in range(weights.shape[3]):
                 score = weights[b, h, i, j]

@@ -28,13 +28,14 @@ import numpy as np
 from numba import cuda
 
 from .._dropout import dropout_threshold
-from .._dtypes import is_half
+from .._dtypes import compute_dtype, rounded_to
 from .._problem import AttentionProblem
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import mods as cuda_mods
 from .arrays import _as_device_array, _check_out, _device_problem
 from .device import SIMULATOR
+from .half import kernel_view, narrowed, storage_dtype, user_view
 from .source import MAX_HEAD_DIM, _kernel
 
 #: Dynamic shared memory a block may use without an opt-in, in bytes.
@@ -50,14 +51,11 @@ _simulator_lock = threading.RLock() if SIMULATOR else contextlib.nullcontext()
 
 
 def check_supported(problem: AttentionProblem) -> None:
-    """Raise ValueError if the cuda backend cannot run ``problem`` (a head size > MAX_HEAD_DIM,
-    or half-precision inputs, which it does not take yet)."""
+    """Raise ValueError if the cuda backend cannot run ``problem`` (a head size > MAX_HEAD_DIM).
+
+    float32, float64, float16 and bfloat16 inputs are all taken (half ones computed in
+    float32: :mod:`kernels.cuda.half`)."""
     B, H, Hkv, Lq, Lk, D, Dv = problem.shape
-    if is_half(problem.dtype):
-        raise ValueError(
-            f"backend='cuda' does not take {problem.dtype} inputs yet (q, k, v of dtype "
-            f"{problem.dtype}); use backend='numba', or float32 inputs on the GPU"
-        )
     if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
         raise ValueError(
             f"backend='cuda' supports head sizes up to {MAX_HEAD_DIM}; got D={D} and Dv={Dv} "
@@ -67,7 +65,8 @@ def check_supported(problem: AttentionProblem) -> None:
 
 
 def _keys_per_tile(block_k: int, block_q: int, D: int, Dv: int, itemsize: int) -> int:
-    """``block_k`` lowered until the K, V and score tiles fit in SHARED_MEMORY_BYTES."""
+    """``block_k`` lowered until the K, V and score tiles fit in SHARED_MEMORY_BYTES
+    (``itemsize``: of the compute dtype, in which the tiles are held)."""
     fits = SHARED_MEMORY_BYTES // (itemsize * (D + Dv + block_q))
     return max(1, min(block_k, fits))
 
@@ -77,7 +76,8 @@ def _launch(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     """Launch the kernel on device arrays; ``problem`` supplies everything but the data.
 
     ``problem.q``, ``.k`` and ``.v`` are only read for their shapes and dtype (they may be
-    zero-memory stand-ins); ``q``, ``k``, ``v``, ``out`` and ``weights`` are device arrays.
+    zero-memory stand-ins); ``q``, ``k``, ``v``, ``out`` (of the input dtype) and ``weights``
+    (of the compute dtype: float32 for half inputs) are device arrays.
     """
     launch = _launcher(problem, q, k, v, out, weights, stream=stream, block_q=block_q,
                        block_k=block_k, lse=lse)
@@ -92,23 +92,25 @@ def _launcher(problem: AttentionProblem, q, k, v, out, weights, *, stream=0,
     B, H, _, Lq, _, D, Dv = problem.shape
     if B * H * Lq == 0:
         return lambda: None
-    dtype = problem.dtype
+    dtype = compute_dtype(problem.dtype)  # of the tiles, mask, scale, lse and weights
     block_q = min(block_q or BLOCK_Q, Lq)
     block_k = _keys_per_tile(block_k or BLOCK_K, block_q, D, Dv, dtype.itemsize)
     shared_bytes = block_k * (D + Dv + block_q) * dtype.itemsize
     n_blocks = B * H * ((Lq + block_q - 1) // block_q)
 
     has_mask = problem.mask is not None
-    mask = problem.additive_mask().reshape(-1) if has_mask else np.zeros(1, dtype=dtype)
+    mask = (problem.additive_mask().reshape(-1).astype(dtype, copy=False) if has_mask
+            else np.zeros(1, dtype=dtype))
     mask_dev = cuda.to_device(mask, stream=stream)  # (mask size,)
     lengths_dev = cuda.to_device(problem.key_lengths_or_full(), stream=stream)  # (B,)
     mask_sb, mask_sh, mask_si, mask_sj = problem.mask_strides()
     ftype = dtype.type
-    kernel, mod_args = _kernel(dtype), ((), ())
+    kernel, mod_args = _kernel(problem.dtype), ((), ())
     if problem.score_mod is not None or problem.mask_mod is not None:
         kernel, mod_args = cuda_mods.kernel_and_arguments(problem, stream)  # mods compiled in
     if lse is None:
         lse = cuda.device_array((B, H, Lq), dtype=dtype, stream=stream)
+    q, k, v, out = (kernel_view(x) for x in (q, k, v, out))  # bfloat16: its bits
     args = (
         q, k, v,
         mask_dev, mask_sb, mask_sh, mask_si, mask_sj, has_mask,
@@ -131,7 +133,8 @@ def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int |
     With ``return_lse``, ``(out, weights or None, lse)``, lse of shape (B, H, Lq).
 
     Copies the problem's NumPy arrays to the device, launches the kernel and copies the
-    results back.
+    results back.  For half inputs ``out`` and ``weights`` have the input dtype (rounded to
+    nearest even from float32) and ``lse`` is float32.
 
     Parameters
     ----------
@@ -146,23 +149,24 @@ def run(problem: AttentionProblem, *, block_q: int | None = None, block_k: int |
     """
     check_supported(problem)
     B, H, _, Lq, Lk, _, Dv = problem.shape
-    dtype = problem.dtype
+    dtype, wide = problem.dtype, compute_dtype(problem.dtype)
     if B * H * Lq == 0:
         out = np.empty((B, H, Lq, Dv), dtype=dtype)
         weights = np.empty((B, H, Lq, Lk), dtype=dtype)
         result = out, (weights if problem.return_weights else None)
-        return result + (np.empty((B, H, Lq), dtype=dtype),) if return_lse else result
+        return result + (np.empty((B, H, Lq), dtype=wide),) if return_lse else result
 
     with _simulator_lock:
-        q = cuda.to_device(problem.q)  # (B, H, Lq, D)
-        k = cuda.to_device(problem.k)  # (B, Hkv, Lk, D)
-        v = cuda.to_device(problem.v)  # (B, Hkv, Lk, Dv)
-        out = cuda.device_array((B, H, Lq, Dv), dtype=dtype)
+        q = cuda.to_device(kernel_view(problem.q))  # (B, H, Lq, D)
+        k = cuda.to_device(kernel_view(problem.k))  # (B, Hkv, Lk, D)
+        v = cuda.to_device(kernel_view(problem.v))  # (B, Hkv, Lk, Dv)
+        out = cuda.device_array((B, H, Lq, Dv), dtype=storage_dtype(dtype))
         weights_shape = (B, H, Lq, Lk) if problem.return_weights else (1, 1, 1, 1)
-        weights = cuda.device_array(weights_shape, dtype=dtype)
-        lse = cuda.device_array((B, H, Lq), dtype=dtype)
+        weights = cuda.device_array(weights_shape, dtype=wide)  # raw scores, then weights
+        lse = cuda.device_array((B, H, Lq), dtype=wide)
         _launch(problem, q, k, v, out, weights, block_q=block_q, block_k=block_k, lse=lse)
-        result = out.copy_to_host(), (weights.copy_to_host() if problem.return_weights else None)
+        result = (user_view(out.copy_to_host(), dtype),
+                  rounded_to(weights.copy_to_host(), dtype) if problem.return_weights else None)
         return result + (lse.copy_to_host(),) if return_lse else result
 
 
@@ -187,7 +191,8 @@ def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scal
     ----------
     q : device array, shape (B, H, Lq, D)
         Numba device array or any object with ``__cuda_array_interface__`` (CuPy, PyTorch),
-        C-contiguous, float32 or float64.
+        C-contiguous, float32, float64, float16 or bfloat16 (half ones computed in float32;
+        ``out`` and the weights then have the input dtype).
     k : device array, shape (B, Hkv, Lk, D)
     v : device array, shape (B, Hkv, Lk, Dv)
     causal, mask, key_lengths, scale, dropout_p, seed, return_weights
@@ -218,9 +223,12 @@ def attention_device(q, k, v, *, causal=False, mask=None, key_lengths=None, scal
         )
         B, H, _, Lq, Lk, _, _ = problem.shape
         weights_shape = (B, H, Lq, Lk) if return_weights else (1, 1, 1, 1)
-        weights = cuda.device_array(weights_shape, dtype=problem.dtype, stream=stream)
+        weights = cuda.device_array(weights_shape, dtype=compute_dtype(problem.dtype),
+                                    stream=stream)
         _launch(problem, q, k, v, out, weights, stream=stream)
-        return (out, weights) if return_weights else out
+        if not return_weights:
+            return out
+        return out, narrowed(weights, problem.dtype, stream)
 
 
 def prepare_launch(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
@@ -238,7 +246,8 @@ def prepare_launch(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=
             q, k, v, out, stream, causal=causal, mask=mask, key_lengths=key_lengths,
             scale=scale, dropout_p=dropout_p, seed=seed, return_weights=False,
         )
-        weights = cuda.device_array((1, 1, 1, 1), dtype=problem.dtype, stream=stream)
+        weights = cuda.device_array((1, 1, 1, 1), dtype=compute_dtype(problem.dtype),
+                                    stream=stream)
         launch = _launcher(problem, q, k, v, out, weights, stream=stream)
 
     def locked_launch():

@@ -33,8 +33,11 @@ conflict).  No warp shuffles are used, so the same kernel runs in Numba's CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``), where the tests run it with tiny tiles.
 
 Kernels are built per dtype by :func:`kernel_source` so that every constant
-has the input dtype: the float32 kernel contains no float64 instruction
-(:func:`compile_ptx_all` and the tests check its PTX).  The same source serves calls with
+has the compute dtype: the float32 kernel contains no float64 instruction
+(:func:`compile_ptx_all` and the tests check its PTX).  A float16 or bfloat16 kernel is
+the float32 one with its loads of q, k and v widened to float32 and its output stores
+rounded to the input dtype (:mod:`kernels.cuda.half`): the shared tiles, scores, weights,
+lse and mask are float32.  The same source serves calls with
 :mod:`kernels.mods` functions (:mod:`kernels.cuda.mods` compiles it with them; here with
 the identities): a tile the mask function hides from every row of the block is not
 loaded, and in a partial tile a hidden key is skipped before its dot product.
@@ -48,9 +51,11 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .._dtypes import FULL_DTYPES
 from ..mods import lowering as mc
 from ..mods.cells import EMPTY, FULL
 from .device import SIMULATOR, _device, make_compensated_dot, tile_functions
+from .half import compute_type, conversions, storage_type
 
 #: Largest head size (D and Dv) the kernel supports: the size of its per-thread arrays.
 MAX_HEAD_DIM = 256
@@ -61,14 +66,16 @@ def kernel_source(dtype, mask_fn, tile_fn, score_fn):
     (element mask, tile classification, score function), as a plain Python function.
 
     Without mods (:func:`_kernel_source`) they are the identities: every tile FULL (no
-    per-element check), the score unchanged.  All constants are created in ``dtype`` here,
-    so no literal promotes float32 to float64.
+    per-element check), the score unchanged.  All constants are created in the compute
+    dtype (``dtype``; float32 for half inputs) here, so no literal promotes float32 to
+    float64.
     """
-    F = numba.from_dtype(np.dtype(dtype))
+    F = compute_type(dtype)
     ZERO = F(0)
     NEG_INF = F(-np.inf)
+    widen, narrow = conversions(dtype)
     dot_product = make_compensated_dot(F)  # the scores: see its docstring
-    load_tile, accumulate_tile, finish_row = tile_functions(F)
+    load_tile, accumulate_tile, finish_row = tile_functions(F, widen, narrow)
 
     @_device
     def score_tile(q_row, tiles, s_off, t, block_q, D, n_keys, j0, mask, mask_row, mask_sj,
@@ -125,7 +132,7 @@ def kernel_source(dtype, mask_fn, tile_fn, score_fn):
         row_nan = False
         if active:
             for d in range(D):
-                q_row[d] = q[b, h, i, d]
+                q_row[d] = widen(q[b, h, i, d])
             for d in range(Dv):
                 acc[d] = ZERO
             if want_weights:
@@ -174,23 +181,24 @@ def _kernel_source(dtype):
 
 def _signature(dtype):
     """The kernel's argument types for ``dtype`` (arrays C-contiguous)."""
-    F = numba.from_dtype(np.dtype(dtype))
+    F = compute_type(dtype)
     no_args = numba.types.Tuple(())  # mask_args, score_args: none without mods
     return _base_signature(dtype) + (numba.types.Array(F, 3, "C"), no_args, no_args)
 
 
 def _base_signature(dtype):
     """The argument types every attention kernel takes, up to ``block_k`` (then come lse,
-    mask_args and score_args)."""
-    F = numba.from_dtype(np.dtype(dtype))
-    array4 = numba.types.Array(F, 4, "C")
+    mask_args and score_args).  q, k, v and out have the storage type (bfloat16 as its bits:
+    :func:`kernels.cuda.half.storage_type`), the other arrays and scalars the compute type."""
+    F = compute_type(dtype)
+    data4 = numba.types.Array(storage_type(dtype), 4, "C")
     i64, boolean, u64 = numba.types.int64, numba.types.boolean, numba.types.uint64
     return (
-        array4, array4, array4,  # q, k, v
+        data4, data4, data4,  # q, k, v
         numba.types.Array(F, 1, "C"), i64, i64, i64, i64, boolean,  # mask, strides, has_mask
         numba.types.Array(i64, 1, "C"), boolean, i64,  # key_lengths, causal, causal_offset
         F, u64, F, u64,  # scale, threshold, keep_scale, seed
-        array4, array4, boolean,  # out, weights, want_weights
+        data4, numba.types.Array(F, 4, "C"), boolean,  # out, weights, want_weights
         i64,  # block_k
     )
 
@@ -205,17 +213,19 @@ def _kernel(dtype):
     return cuda.jit(_signature(dtype), cache=True)(source)
 
 
-def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
+def compile_ptx_all(cc=(9, 0), dtypes=FULL_DTYPES) -> dict[str, str]:
     """Compile every kernel to PTX for compute capability ``cc``; needs NVVM, not a GPU.
 
     Parameters
     ----------
     cc : tuple of int, default (9, 0)
+    dtypes : sequence of dtype, default float32 and float64
+        The input dtypes to compile for (``kernels._dtypes.HALF_DTYPES``: the half ones).
 
     Returns
     -------
     dict of str to str
-        ``{"attention_float32": ptx, "attention_float64": ptx}``.
+        ``{"attention_float32": ptx, "attention_float64": ptx}`` (one per dtype).
 
     Raises
     ------
@@ -225,7 +235,7 @@ def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
     if SIMULATOR:
         raise RuntimeError("compile_ptx_all needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
     ptx = {}
-    for dtype in (np.float32, np.float64):
+    for dtype in dtypes:
         name = f"attention_{np.dtype(dtype).name}"
         ptx[name], _ = cuda.compile_ptx(_kernel_source(dtype), _signature(dtype), cc=tuple(cc))
     return ptx
