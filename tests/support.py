@@ -128,3 +128,17 @@ for cc in [(8, 0), (9, 0)]:
         }}
 print(json.dumps(result))
 """)
+
+
+def small_cuda_tiles(request, monkeypatch, compile_only=()) -> None:
+    """What the cuda test files' autouse fixtures do: skip a test where the cuda backend
+    cannot run (unless its name is in ``compile_only``: it only compiles to PTX), and give
+    the kernels 4-thread blocks and 4-key tiles (the simulator runs a thread per thread)."""
+    from kernels import _dispatch
+    from kernels.cuda import launch
+
+    usable, why = _dispatch.cuda_status()
+    if not usable and request.node.originalname not in compile_only:
+        pytest.skip(why)
+    monkeypatch.setattr(launch, "BLOCK_Q", 4)
+    monkeypatch.setattr(launch, "BLOCK_K", 4)

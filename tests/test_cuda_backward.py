@@ -16,9 +16,7 @@ import numba  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
 import kernels  # noqa: E402
-from kernels import _dispatch as _backends  # noqa: E402
 from kernels.cuda import device as cuda_device  # noqa: E402
-from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import (  # noqa: E402
     assert_gradients_match,
@@ -30,6 +28,7 @@ from .support import (  # noqa: E402
     Case,
     make_inputs,
     ptx_of_kernels,  # noqa: E402
+    small_cuda_tiles,
 )
 from .test_cuda import CASES  # noqa: E402
 
@@ -41,11 +40,7 @@ COMPILE_ONLY = {"test_ptx_float32_backward_kernels_have_no_float64_instruction"}
 @pytest.fixture(autouse=True)
 def small_tiles(request, monkeypatch):
     """Skip where the backend cannot run; 4-thread blocks and 4-key tiles where it can."""
-    usable, why = _backends.cuda_status()
-    if not usable and request.node.originalname not in COMPILE_ONLY:
-        pytest.skip(why)
-    monkeypatch.setattr(cuda_backend, "BLOCK_Q", 4)
-    monkeypatch.setattr(cuda_backend, "BLOCK_K", 4)
+    small_cuda_tiles(request, monkeypatch, COMPILE_ONLY)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -22,11 +22,16 @@ import pytest
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import kernels  # noqa: E402
-from kernels import _dispatch as _backends  # noqa: E402
 from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import assert_gradients_match, make_dout  # noqa: E402
-from .support import Case, assert_matches_reference, make_inputs, run_ptx_script  # noqa: E402
+from .support import (  # noqa: E402
+    Case,
+    assert_matches_reference,
+    make_inputs,
+    run_ptx_script,
+    small_cuda_tiles,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -40,11 +45,7 @@ COMPILE_ONLY = {"test_ptx_half_kernels_have_no_float64_instruction"}
 @pytest.fixture(autouse=True)
 def small_tiles(request, monkeypatch):
     """Skip where the backend cannot run; 4-thread blocks and 4-key tiles where it can."""
-    usable, why = _backends.cuda_status()
-    if not usable and request.node.originalname not in COMPILE_ONLY:
-        pytest.skip(why)
-    monkeypatch.setattr(cuda_backend, "BLOCK_Q", 4)
-    monkeypatch.setattr(cuda_backend, "BLOCK_K", 4)
+    small_cuda_tiles(request, monkeypatch, COMPILE_ONLY)
 
 
 BASE = dict(B=1, H=2, Lq=5, Lk=7, D=4)

@@ -14,12 +14,10 @@ import pytest
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 import kernels  # noqa: E402
-from kernels import _dispatch as _backends  # noqa: E402
 from kernels import mods  # noqa: E402
-from kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import assert_gradients_match, assert_lse_matches  # noqa: E402
-from .support import DTYPES, assert_matches_reference, run_ptx_script  # noqa: E402
+from .support import DTYPES, assert_matches_reference, run_ptx_script, small_cuda_tiles  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -28,11 +26,8 @@ COMPILE_ONLY = {"test_ptx_of_mod_kernels"}
 
 @pytest.fixture(autouse=True)
 def small_tiles(request, monkeypatch):
-    usable, why = _backends.cuda_status()
-    if not usable and request.node.originalname not in COMPILE_ONLY:
-        pytest.skip(why)
-    monkeypatch.setattr(cuda_backend, "BLOCK_Q", 4)
-    monkeypatch.setattr(cuda_backend, "BLOCK_K", 4)
+    """Skip where the backend cannot run; 4-thread blocks and 4-key tiles where it can."""
+    small_cuda_tiles(request, monkeypatch, COMPILE_ONLY)
 
 
 def _qkv(B=2, H=2, Hkv=1, Lq=9, Lk=None, D=3, dtype=np.float32, seed=0):
