@@ -83,20 +83,24 @@ def merge_sinks(out, lse, sinks, head_axis: int, weights=None):
 
     Returns
     -------
-    out, lse, weights : ndarray (weights None if not given), in the input dtype
+    out, weights : ndarray (weights None if not given), in their own dtype
+    lse : ndarray, in the dtype of the ``lse`` given (float32 for half inputs)
+
+    Notes
+    -----
+    Each output is rounded once, from float64 (a half output is not multiplied in half).
     """
-    dtype = out.dtype
     shape = [1] * lse.ndim
     shape[head_axis] = -1
     sink = sinks.astype(np.float64).reshape(shape)
     keys = lse.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         total = np.logaddexp(keys, sink)  # lse with the sink: sink where keys = -inf
-        factor = np.exp(keys - total)  # the keys' share of the denominator, 0 if none
-    out = out * factor[..., None].astype(dtype)
+        factor = np.exp(keys - total)[..., None]  # the keys' share of the denominator
+    out = (out.astype(np.float64) * factor).astype(out.dtype)
     if weights is not None:
-        weights = weights * factor[..., None].astype(dtype)
-    return out, total.astype(dtype), weights
+        weights = (weights.astype(np.float64) * factor).astype(weights.dtype)
+    return out, total.astype(lse.dtype), weights
 
 
 def keys_only_lse(lse, sinks, head_axis: int):

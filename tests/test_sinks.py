@@ -18,6 +18,7 @@ import pytest
 import kernels
 from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import oracle_dtype, tolerance
+from kernels._dtypes import as_dtype
 from kernels.reference.backward import run_backward
 
 from .support import COMPARISONS, Case, assert_matches_reference, make_inputs, max_error
@@ -88,6 +89,23 @@ def test_forward_matches_the_oracle(backend, case, dtype):
     q, k, v, kwargs = make_inputs(case, dtype)
     sinks = _sinks(case.H, dtype, spread=4.0 if case.scale == 1.0 else 2.0)
     assert_matches_reference(q, k, v, backend, sinks=sinks, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_half_inputs_keep_a_float32_lse(backend, dtype):
+    """Half q, k, v and sinks: out in the half dtype within the half tolerance, lse float32
+    (the sink merge once gave the numba backend a half lse)."""
+    dtype = as_dtype(dtype)
+    case = Case("gqa-causal-cross", B=1, H=4, Hkv=2, Lq=19, Lk=33, D=8, causal="bottom-right")
+    q, k, v, kwargs = make_inputs(case, dtype)
+    sinks = _sinks(case.H, dtype)
+    assert_matches_reference(q, k, v, backend, sinks=sinks, **kwargs)
+    out, lse = kernels.attention(q, k, v, sinks=sinks, return_lse=True, backend=backend,
+                                 **kwargs)
+    want = _literal(q, k, v, sinks, causal="bottom-right")[1]
+    assert out.dtype == dtype and lse.dtype == np.float32
+    np.testing.assert_allclose(lse, want, rtol=4 * np.finfo(np.float32).eps, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
