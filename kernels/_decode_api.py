@@ -8,10 +8,14 @@ through the one dispatch table (:func:`kernels._dispatch.decode_module`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ._decode_validate import append_to_cache, check_decode_args
 from ._dispatch import decode_module, has_real_gpu, require_cuda
+from ._dtypes import is_half
+from ._sinks import merge_sinks
 from ._validate import check_backend
 
 __all__ = ["attention_with_kvcache"]
@@ -22,7 +26,8 @@ CUDA_AUTO_MIN_BYTES = 1 << 26
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens,
                            block_table=None, causal=True, scale=None, score_mod=None,
-                           mask_mod=None, num_splits=0, return_lse=False, backend="auto"):
+                           mask_mod=None, num_splits=0, return_lse=False, sinks=None,
+                           backend="auto"):
     """Attention of new queries against a KV cache, appending new keys and values in place.
 
     As FlashAttention's ``flash_attn_with_kvcache``, in this package's ``(B, H, L, D)``
@@ -31,7 +36,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     Parameters
     ----------
     q : ndarray, shape (B, H, Lq, D)
-        The new queries, float32 or float64.
+        The new queries: float32, float64, float16 or ``ml_dtypes.bfloat16`` (half inputs
+        are computed in float32; the cache is read in its own half precision, never copied).
     k_cache, v_cache : ndarray
         Contiguous: (B, Hkv, Lmax, D) and (B, Hkv, Lmax, Dv).  Paged (with
         ``block_table``): (num_pages, Hkv, page_size, D) and (num_pages, Hkv, page_size,
@@ -65,6 +71,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         to call for a given ``num_splits``.
     return_lse : bool, default False
         Also return the natural-log log-sum-exp of each query row's visible scores.
+    sinks : ndarray, shape (H,), optional
+        Attention sinks, one logit per query head in q's dtype, as for
+        :func:`kernels.attention`: each joins its row's softmax denominator (after
+        ``score_mod``) and has no value; a query that sees no key then gets 0 and
+        ``lse = sinks[h]``.
     backend : {"auto", "reference", "numba", "cuda"}, default "auto"
 
     Returns
@@ -72,7 +83,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     out : ndarray, shape (B, H, Lq, Dv), dtype of q
         0 for a query that sees no key.
     lse : ndarray, shape (B, H, Lq)
-        Only if ``return_lse``; ``-inf`` for a query that sees no key.
+        Only if ``return_lse``; ``-inf`` for a query that sees no key; float32 for half
+        inputs, else q's dtype.
 
     Raises
     ------
@@ -96,19 +108,24 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     problem, k, v, lengths = check_decode_args(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
         causal=causal, scale=scale, score_mod=score_mod, mask_mod=mask_mod,
-        num_splits=num_splits)
+        num_splits=num_splits, sinks=sinks)
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = _resolve(backend, problem)
     append_to_cache(problem, k, v, lengths)
-    out, lse = decode_module(name).run(problem)
+    if problem.sinks is not None and name != "reference":  # the kernel, then the sinks
+        out, lse = decode_module(name).run(replace(problem, sinks=None))
+        out, lse, _ = merge_sinks(out, lse, problem.sinks, 1)
+    else:
+        out, lse = decode_module(name).run(problem)
     return (out, lse) if return_lse else out
 
 
 def _resolve(backend: str, problem) -> str:
     if backend == "auto":
         big = problem.key_bytes() >= CUDA_AUTO_MIN_BYTES
-        if big and problem.score_mod is None and problem.mask_mod is None and has_real_gpu():
+        plain = problem.score_mod is None and problem.mask_mod is None
+        if big and plain and not is_half(problem.dtype) and has_real_gpu():
             return "cuda"
         return "numba"
     if backend == "cuda":

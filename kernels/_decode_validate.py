@@ -12,7 +12,8 @@ import numbers
 import numpy as np
 
 from ._decode_problem import DecodeProblem
-from ._dtypes import FULL_DTYPES
+from ._dtypes import SUPPORTED_DTYPES, compute_dtype
+from ._sinks import check_sinks
 from ._validate import _check_scale
 
 
@@ -21,9 +22,9 @@ def _float_array(name: str, x, dtype=None) -> np.ndarray:
         if hasattr(x, "__cuda_array_interface__"):
             raise TypeError(f"{name} is a device array; attention_with_kvcache takes NumPy arrays")
         x = np.asarray(x)
-    if x.dtype not in FULL_DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; expected float32 or float64 (half "
-                        "precision is on kernels.attention and attention_backward only, so far)")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected float32, float64, float16 or "
+                        "bfloat16 (ml_dtypes)")
     if dtype is not None and x.dtype != dtype:
         raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q")
     return x
@@ -63,7 +64,8 @@ def _check_new(name: str, x, dtype, expected: tuple):
 
 
 def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, block_table=None,
-                      causal=True, scale=None, score_mod=None, mask_mod=None, num_splits=0):
+                      causal=True, scale=None, score_mod=None, mask_mod=None, num_splits=0,
+                      sinks=None):
     """Validate every argument; return ``(problem, k_new, v_new, cache_seqlens)``.
 
     ``problem.seqlens`` already counts the new tokens (``cache_seqlens + Lnew``); nothing is
@@ -155,7 +157,8 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
     problem = DecodeProblem(
         q=np.ascontiguousarray(q), k_cache=k_cache, v_cache=v_cache, block_table=table,
         seqlens=seqlens, causal=causal, scale=_check_scale(scale, D), num_splits=int(num_splits),
-        score_mod=score, mask_mod=mask, paged=block_table is not None)
+        score_mod=score, mask_mod=mask, paged=block_table is not None,
+        sinks=check_sinks(sinks, H, dtype))
     return problem, k, v, lengths
 
 
@@ -173,7 +176,7 @@ def _check_mods(score_mod, mask_mod, B, H, capacity, dtype):
         if mod is not None:
             mod.check(B, H, capacity, capacity)  # positions run over the cache's capacity
     if score is not None:
-        score.element("cpu", dtype)
+        score.element("cpu", compute_dtype(dtype))
     return score, mask
 
 

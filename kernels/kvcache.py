@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from ._decode_api import attention_with_kvcache
-from ._dtypes import FULL_DTYPES
+from ._dtypes import SUPPORTED_DTYPES, as_dtype
 
 __all__ = ["KVCache"]
 
@@ -30,7 +30,8 @@ class KVCache:
     value_dim : int, optional
         Value size Dv; default ``head_dim``.
     dtype : dtype, default float32
-        float32 or float64.
+        float32, float64, float16 or ``ml_dtypes.bfloat16`` (or ``"bfloat16"``): the
+        queries decoded against it have the same dtype.
     page_size : int, optional
         Store the cache in pages of ``page_size`` tokens: ``k`` is then (num_pages,
         n_kv_heads, page_size, D) and ``block_table`` (batch, pages_per_seq) gives each
@@ -55,10 +56,10 @@ class KVCache:
         batch, n_kv_heads = _count("batch", batch), _count("n_kv_heads", n_kv_heads)
         self.max_len, head_dim = _count("max_len", max_len), _count("head_dim", head_dim)
         value_dim = head_dim if value_dim is None else _count("value_dim", value_dim)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in FULL_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64; got {self.dtype} (decoding "
-                            "takes no half precision yet)")
+        self.dtype = as_dtype(dtype)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16; got "
+                            f"{self.dtype}")
         if page_size is None:
             slots = (batch, n_kv_heads, self.max_len)
             self.block_table = None
@@ -124,7 +125,8 @@ class KVCache:
         k, v : ndarray, shape (batch, n_kv_heads, Lnew, D) and (..., Dv), optional
         **keywords
             Those of :func:`kernels.attention_with_kvcache` (``causal``, ``scale``,
-            ``score_mod``, ``mask_mod``, ``num_splits``, ``return_lse``, ``backend``).
+            ``score_mod``, ``mask_mod``, ``num_splits``, ``return_lse``, ``sinks``,
+            ``backend``).
 
         Returns
         -------

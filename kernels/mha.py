@@ -134,11 +134,9 @@ class MultiHeadAttention:
             if mask is not None or key_lengths is not None or cu_seqlens is not None:
                 raise ValueError("mask, key_lengths and cu_seqlens do not go with cache (the "
                                  "cache's seqlens say which keys exist)")
-            if sinks is not None:
-                raise ValueError("a MultiHeadAttention with sinks cannot decode with cache: "
-                                 "kernels.attention_with_kvcache takes no sinks yet")
             return self._decode_step(x, cache, causal=True if causal is None else causal,
-                                     score_mod=score_mod, mask_mod=mask_mod, backend=backend)
+                                     score_mod=score_mod, mask_mod=mask_mod, backend=backend,
+                                     sinks=sinks)
         causal = False if causal is None else causal
         if cu_seqlens is not None:
             q, k, v = self._packed_heads(x, mask, key_lengths)

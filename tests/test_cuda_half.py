@@ -10,7 +10,7 @@ L = 5 or 7 spans several query and key tiles with ragged tails), as ``tests/test
 - the device-array entry point with half device arrays (the weights rounded on the device);
 - PTX: the float16 and bfloat16 kernels compile (simulator off, in a subprocess) with no
   ``.f64`` instruction and with their conversions;
-- decode keeps refusing half inputs, naming the dtype.
+- the cuda decode refuses half inputs, naming the dtype, before anything is written.
 """
 
 from __future__ import annotations
@@ -187,23 +187,17 @@ def test_attention_device_takes_half_device_arrays(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
-def test_decode_keeps_refusing_half_inputs_by_name(dtype):
-    """attention_with_kvcache takes no half inputs on any backend yet: the API's validation
-    says so (a TypeError naming the dtype), and the cuda decode's own check, should a half
-    problem get past it, is a ValueError naming it."""
-    from kernels._decode_problem import DecodeProblem
-    from kernels.cuda import decode as cuda_decode
-
+def test_cuda_decode_refuses_half_inputs_by_name_and_writes_nothing(dtype):
+    """attention_with_kvcache takes half inputs (numba, reference), but not on the cuda
+    backend yet: a ValueError naming the dtype, raised before the new token is written."""
     q = np.ones((1, 2, 1, 4), dtype)
     cache = np.ones((1, 2, 8, 4), dtype)
-    with pytest.raises(TypeError, match=f"q has dtype {np.dtype(dtype)}; expected float32"):
-        kernels.attention_with_kvcache(q, cache, cache.copy(), cache_seqlens=np.array([3]),
-                                       backend="cuda")
-    problem = DecodeProblem(q=q, k_cache=cache, v_cache=cache, block_table=np.zeros((1, 1),
-                            np.int64), seqlens=np.array([3]), causal=True, scale=0.5,
-                            num_splits=0)
+    new = np.full((1, 2, 1, 4), 2, dtype)
+    before = cache.copy()
     with pytest.raises(ValueError, match=f"does not decode {np.dtype(dtype)} inputs"):
-        cuda_decode.check_supported(problem)
+        kernels.attention_with_kvcache(q, cache, cache.copy(), new, new,
+                                       cache_seqlens=np.array([3]), backend="cuda")
+    assert cache.tobytes() == before.tobytes()
 
 
 # --- PTX: the real compiler, without a GPU ------------------------------------------------

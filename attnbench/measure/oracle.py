@@ -172,13 +172,17 @@ def decode_oracle(problem):
     As :func:`oracle_runs`: the reference decode (:mod:`kernels.reference.decode`, pages
     gathered, then the literal formula) in the oracle dtype, not rounded; the baseline is
     the farther of its two evaluations in the problem's dtype (the BLAS's scores, and
-    correctly rounded ones).
+    correctly rounded ones); for half inputs, in float32 with the scores, weights and
+    output rounded to the half dtype, as for the dense call.
     """
     from kernels.reference import decode
 
     wide = oracle_dtype(problem.dtype)
     exact = decode.run(problem, compute_dtype=wide, keep_precision=True)
-    blas = decode.run(problem, compute_dtype=problem.dtype)
-    rounded = decode.run(problem, compute_dtype=problem.dtype, scores_from=wide)
+    plain_dtype = compute_dtype(problem.dtype)  # float32 for half inputs
+    round_to = problem.dtype if is_half(problem.dtype) else None
+    blas = decode.run(problem, compute_dtype=plain_dtype, round_to=round_to)
+    rounded = decode.run(problem, compute_dtype=plain_dtype, scores_from=wide,
+                         round_to=round_to)
     plain = max((blas, rounded), key=lambda run: _baseline_error(exact[0], run[0]))
     return exact, plain

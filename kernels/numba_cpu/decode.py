@@ -4,10 +4,19 @@ One parallel task is (sequence b, key/value head hk, key split s): it streams th
 and values of split s of sequence b's cache once, through the block table (no gather),
 for all ``G = H / Hkv`` query heads of the group and all Lq queries at once (``R = G·Lq``
 rows: each K/V row is read once, from memory, and used R times from L1).  Per chunk of
-``CHUNK`` keys, the online softmax: scores (a dot over D per row and key), the chunk's row
-maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
-accumulator ``acc += p · v`` (a loop over Dv per row and key).  Everything accumulates in
-the input dtype.
+``CHUNK`` keys, the online softmax: scores (a dot over D per row and key, four keys per
+pass), the chunk's row maximum, ``exp`` (the vectorisable polynomial of
+``kernels._jit.math``), the rescaled accumulator ``acc += p · v`` (four value rows per
+pass over a row's accumulator).  While it computes on one chunk it prefetches the K and V
+rows of the next (:mod:`kernels._jit.prefetch`), so that the loads overlap the arithmetic.
+The loops index the cache arrays directly (no row views: a view in a hot loop costs a
+reference count).
+
+Half precision: float16 and bfloat16 caches arrive as their bits
+(:func:`kernels._dtypes.bits_view`) and every load is widened in registers
+(:func:`kernels._jit.half.widen`); queries, scores, the softmax, the accumulators and the
+split results are float32, the output is rounded once to the input dtype and lse stays
+float32.  The cache is never copied.
 
 Each split writes its normalised output and log-sum-exp; a second parallel loop merges
 the splits of each row by log-sum-exp, in split order, so the result is the same from call
@@ -16,7 +25,8 @@ to call for a given number of splits.  With tasks (b, hk, s), B = 1 with one KV 
 
 What is never read: keys and values at positions ``>= seqlens[b]`` (past the new tokens)
 and chunks a mask function's tile test finds empty for every head of the group; a hidden
-pair's value is not multiplied (0 · NaN would be NaN).
+pair's value is not multiplied (0 · NaN would be NaN).  (A prefetch is a hint: it reads
+nothing into the computation.)
 """
 
 from __future__ import annotations
@@ -28,8 +38,11 @@ import numpy as np
 from numba import njit, prange
 
 from .._decode_problem import DecodeProblem
+from .._dtypes import bits_view, compute_dtype
+from .._jit.half import compute_dtype_of, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants
+from .._jit.prefetch import prefetch_rows
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
@@ -44,15 +57,131 @@ TASKS_PER_THREAD = 4
 MIN_KEYS_PER_SPLIT = 512
 
 
+@njit(cache=True, inline="always")
+def _locate(block_table, b, j0, nk, ps, row_page, row_slot):
+    """Page and slot of keys ``j0 .. j0 + nk - 1`` of sequence b (one division per chunk)."""
+    page, slot = j0 // ps, j0 % ps
+    for jj in range(nk):
+        row_page[jj] = block_table[b, page]
+        row_slot[jj] = slot
+        slot += 1
+        if slot == ps:
+            page, slot = page + 1, 0
+
+
+@njit(cache=True, inline="always")
+def _row_start(cache, page, hk, slot):
+    """Flat index of row (page, hk, slot) of a C-contiguous (pages, Hkv, ps, D) cache."""
+    return ((page * cache.shape[1] + hk) * cache.shape[2] + slot) * cache.shape[3]
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores, next_page,
+                    next_slot, n_next):
+    """``scores[r, jj] = scale · qs[r] · k_jj`` for every row and key of a chunk where
+    every pair is visible, four keys per pass; prefetches the next chunk's keys."""
+    R, D = qs.shape
+    zero = scale - scale
+    jj = 0
+    while jj < nk:
+        for t in range(jj, min(jj + 4, n_next)):
+            prefetch_rows(k_cache, _row_start(k_cache, next_page[t], hk, next_slot[t]), 1, D)
+        if jj + 4 <= nk:
+            p0, s0, p1, s1 = row_page[jj], row_slot[jj], row_page[jj + 1], row_slot[jj + 1]
+            p2, s2, p3, s3 = (row_page[jj + 2], row_slot[jj + 2], row_page[jj + 3],
+                              row_slot[jj + 3])
+            for r in range(R):
+                d0, d1, d2, d3 = zero, zero, zero, zero
+                for d in range(D):
+                    x = qs[r, d]
+                    d0 += x * widen(k_cache[p0, hk, s0, d])
+                    d1 += x * widen(k_cache[p1, hk, s1, d])
+                    d2 += x * widen(k_cache[p2, hk, s2, d])
+                    d3 += x * widen(k_cache[p3, hk, s3, d])
+                scores[r, jj] = d0 * scale
+                scores[r, jj + 1] = d1 * scale
+                scores[r, jj + 2] = d2 * scale
+                scores[r, jj + 3] = d3 * scale
+            jj += 4
+        else:
+            p0, s0 = row_page[jj], row_slot[jj]
+            for r in range(R):
+                d0 = zero
+                for d in range(D):
+                    d0 += qs[r, d] * widen(k_cache[p0, hk, s0, d])
+                scores[r, jj] = d0 * scale
+            jj += 1
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc, next_page, next_slot,
+                    n_next):
+    """``acc[r] += Σ_jj scores[r, jj] · v_jj`` over a chunk where every pair is visible,
+    four value rows per pass over a row's accumulator; prefetches the next chunk's values."""
+    R, Dv = acc.shape
+    jj = 0
+    while jj < nk:
+        for t in range(jj, min(jj + 4, n_next)):
+            prefetch_rows(v_cache, _row_start(v_cache, next_page[t], hk, next_slot[t]), 1, Dv)
+        if jj + 4 <= nk:
+            p0, s0, p1, s1 = row_page[jj], row_slot[jj], row_page[jj + 1], row_slot[jj + 1]
+            p2, s2, p3, s3 = (row_page[jj + 2], row_slot[jj + 2], row_page[jj + 3],
+                              row_slot[jj + 3])
+            for r in range(R):
+                w0, w1, w2, w3 = scores[r, jj], scores[r, jj + 1], scores[r, jj + 2], scores[
+                    r, jj + 3]
+                for e in range(Dv):
+                    acc[r, e] += (w0 * widen(v_cache[p0, hk, s0, e])
+                                  + w1 * widen(v_cache[p1, hk, s1, e])
+                                  + w2 * widen(v_cache[p2, hk, s2, e])
+                                  + w3 * widen(v_cache[p3, hk, s3, e]))
+            jj += 4
+        else:
+            p0, s0 = row_page[jj], row_slot[jj]
+            for r in range(R):
+                w0 = scores[r, jj]
+                for e in range(Dv):
+                    acc[r, e] += w0 * widen(v_cache[p0, hk, s0, e])
+            jj += 1
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf):
+    """The online softmax over one chunk: scores become ``exp(s - m_new)``, each row's sum
+    and accumulator are rescaled by ``exp(m_old - m_new)``."""
+    R, Dv = acc.shape
+    zero = row_sum[0] - row_sum[0] if R else neg_inf
+    for r in range(R):
+        m_old = row_max[r]
+        m_new = m_old
+        for jj in range(nk):
+            if scores[r, jj] > m_new:
+                m_new = scores[r, jj]
+        shift = m_new if m_new > neg_inf else zero
+        correction = fast_exp(m_old - shift)
+        total = zero
+        for jj in range(nk):
+            p = fast_exp(scores[r, jj] - shift)
+            scores[r, jj] = p
+            total += p
+        row_sum[r] = row_sum[r] * correction + total
+        row_max[r] = m_new
+        for e in range(Dv):
+            acc[r, e] *= correction
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
 def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, scale,
                    n_splits, part_out, part_lse, mask_fn, tile_fn, mask_args, score_fn,
                    score_args):
-    """part_out[s, b, h, i] (normalised) and part_lse[s, b, h, i] of every split s."""
+    """part_out[s, b, h, i] (normalised) and part_lse[s, b, h, i] of every split s, in the
+    compute dtype (float32 for half bits)."""
     B, H, Lq, D = q.shape
-    Hkv, ps, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
+    ps = k_cache.shape[2]
     G = H // Hkv
     R = G * Lq  # rows of a task: r = g·Lq + i is query i of head hk·G + g
+    ct = compute_dtype_of(q)
     zero, one, neg_inf = float_constants(scale)
     for task in prange(B * Hkv * n_splits):
         b = task // (Hkv * n_splits)
@@ -62,18 +191,27 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         per = (n + n_splits - 1) // n_splits
         j_lo = min(s * per, n)
         j_hi = min(j_lo + per, n)
-        qs = np.empty((R, D), dtype=q.dtype)  # the group's queries, rows r = g·Lq + i
+        qs = np.empty((R, D), dtype=ct)  # the group's queries, rows r = g·Lq + i
         for r in range(R):
-            qs[r] = q[b, hk * G + r // Lq, r % Lq]
-        acc = np.zeros((R, Dv), dtype=q.dtype)
-        row_max = np.full(R, neg_inf, dtype=q.dtype)
-        row_sum = np.zeros(R, dtype=q.dtype)
-        scores = np.empty((R, CHUNK), dtype=q.dtype)
+            for d in range(D):
+                qs[r, d] = widen(q[b, hk * G + r // Lq, r % Lq, d])
+        acc = np.zeros((R, Dv), dtype=ct)
+        row_max = np.full(R, neg_inf, dtype=ct)
+        row_sum = np.zeros(R, dtype=ct)
+        scores = np.empty((R, CHUNK), dtype=ct)
         seen = np.empty((R, CHUNK), dtype=np.bool_)
         row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
         row_slot = np.empty(CHUNK, dtype=np.int64)
+        next_page = np.empty(CHUNK, dtype=np.int64)  # ... and of the next chunk's keys
+        next_slot = np.empty(CHUNK, dtype=np.int64)
+        if j_lo < j_hi:
+            _locate(block_table, b, j_lo, min(CHUNK, j_hi - j_lo), ps, row_page, row_slot)
         for j0 in range(j_lo, j_hi, CHUNK):
             j1 = min(j0 + CHUNK, j_hi)
+            nk = j1 - j0
+            n_next = min(j1 + CHUNK, j_hi) - j1
+            _locate(block_table, b, j1, n_next, ps, next_page, next_slot)
+            empty = False
             if tile_fn is not None:  # skip the chunk if it is empty for every head
                 empty = True
                 for g in range(G):
@@ -81,59 +219,29 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                                mask_args) != EMPTY:
                         empty = False
                         break
-                if empty:
-                    continue
             # Every pair of the chunk visible (no mask function, before the first query's
             # causal limit): the loops without the per-pair tests, four keys per pass.
             full = mask_fn is None and (not causal or j1 - 1 <= q_start[b])
-            nk = j1 - j0
-            page, slot = j0 // ps, j0 % ps  # then stepped: no division per key
-            for jj in range(nk):  # where each key and value row of the chunk lies
-                row_page[jj] = block_table[b, page]
-                row_slot[jj] = slot
-                slot += 1
-                if slot == ps:
-                    page, slot = page + 1, 0
-            if full:
-                jj = 0
-                while jj < nk:
-                    if jj + 4 <= nk:
-                        k0 = k_cache[row_page[jj], hk, row_slot[jj]]  # (D,), views
-                        k1 = k_cache[row_page[jj + 1], hk, row_slot[jj + 1]]
-                        k2 = k_cache[row_page[jj + 2], hk, row_slot[jj + 2]]
-                        k3 = k_cache[row_page[jj + 3], hk, row_slot[jj + 3]]
-                        for r in range(R):
-                            q_row = qs[r]
-                            d0, d1, d2, d3 = zero, zero, zero, zero
-                            for d in range(D):
-                                x = q_row[d]
-                                d0 += x * k0[d]
-                                d1 += x * k1[d]
-                                d2 += x * k2[d]
-                                d3 += x * k3[d]
-                            scores[r, jj] = d0 * scale
-                            scores[r, jj + 1] = d1 * scale
-                            scores[r, jj + 2] = d2 * scale
-                            scores[r, jj + 3] = d3 * scale
-                        jj += 4
-                    else:
-                        key = k_cache[row_page[jj], hk, row_slot[jj]]
-                        for r in range(R):
-                            q_row = qs[r]
-                            dot = zero
-                            for d in range(D):
-                                dot += q_row[d] * key[d]
-                            scores[r, jj] = dot * scale
-                        jj += 1
+            if empty:
+                pass
+            elif full:
+                _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores,
+                                next_page, next_slot, n_next)
                 if score_fn is not None:
                     for r in range(R):
                         for jj in range(nk):
                             scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
                                                      q_start[b] + r % Lq, j0 + jj, score_args)
+                _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
+                _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc,
+                                next_page, next_slot, n_next)
             else:
                 for jj in range(nk):
                     j = j0 + jj
-                    key = k_cache[row_page[jj], hk, row_slot[jj]]  # (D,), a view
+                    p0, s0 = row_page[jj], row_slot[jj]
+                    if jj < n_next:
+                        prefetch_rows(k_cache, _row_start(k_cache, next_page[jj], hk,
+                                                          next_slot[jj]), 1, D)
                     for r in range(R):
                         pos = q_start[b] + r % Lq
                         vis = j <= pos or not causal
@@ -141,10 +249,9 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                             vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
                         seen[r, jj] = vis
                         if vis:
-                            q_row = qs[r]
                             dot = zero
                             for d in range(D):
-                                dot += q_row[d] * key[d]
+                                dot += qs[r, d] * widen(k_cache[p0, hk, s0, d])
                             score = dot * scale
                             if score_fn is not None:
                                 score = score_fn(score, b, hk * G + r // Lq, pos, j,
@@ -152,54 +259,19 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                             scores[r, jj] = score
                         else:
                             scores[r, jj] = neg_inf
-            for r in range(R):  # the online softmax's update of row r
-                m_old = row_max[r]
-                m_new = m_old
-                for jj in range(nk):
-                    if scores[r, jj] > m_new:
-                        m_new = scores[r, jj]
-                shift = m_new if m_new > neg_inf else zero
-                correction = fast_exp(m_old - shift)
-                total = zero
-                for jj in range(nk):
-                    p = fast_exp(scores[r, jj] - shift)
-                    scores[r, jj] = p
-                    total += p
-                row_sum[r] = row_sum[r] * correction + total
-                row_max[r] = m_new
-                acc_row = acc[r]
-                for e in range(Dv):
-                    acc_row[e] *= correction
-            if full:  # acc += P · V, four value rows per pass over a row's accumulator
-                for r in range(R):
-                    acc_row = acc[r]
-                    jj = 0
-                    while jj < nk:
-                        if jj + 4 <= nk:
-                            p0, p1 = scores[r, jj], scores[r, jj + 1]
-                            p2, p3 = scores[r, jj + 2], scores[r, jj + 3]
-                            v0 = v_cache[row_page[jj], hk, row_slot[jj]]  # (Dv,), views
-                            v1 = v_cache[row_page[jj + 1], hk, row_slot[jj + 1]]
-                            v2 = v_cache[row_page[jj + 2], hk, row_slot[jj + 2]]
-                            v3 = v_cache[row_page[jj + 3], hk, row_slot[jj + 3]]
-                            for e in range(Dv):
-                                acc_row[e] += p0 * v0[e] + p1 * v1[e] + p2 * v2[e] + p3 * v3[e]
-                            jj += 4
-                        else:
-                            p0 = scores[r, jj]
-                            v0 = v_cache[row_page[jj], hk, row_slot[jj]]
-                            for e in range(Dv):
-                                acc_row[e] += p0 * v0[e]
-                            jj += 1
-            else:  # each value row read once for all rows; hidden pairs not multiplied
-                for jj in range(nk):
-                    value = v_cache[row_page[jj], hk, row_slot[jj]]  # (Dv,), a view
+                _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
+                for jj in range(nk):  # each value row read once for all rows; hidden
+                    p0, s0 = row_page[jj], row_slot[jj]  # pairs not multiplied
+                    if jj < n_next:
+                        prefetch_rows(v_cache, _row_start(v_cache, next_page[jj], hk,
+                                                          next_slot[jj]), 1, Dv)
                     for r in range(R):
                         if seen[r, jj]:
                             p = scores[r, jj]
-                            acc_row = acc[r]
                             for e in range(Dv):
-                                acc_row[e] += p * value[e]
+                                acc[r, e] += p * widen(v_cache[p0, hk, s0, e])
+            row_page, next_page = next_page, row_page  # the next chunk's rows, located
+            row_slot, next_slot = next_slot, row_slot
         for r in range(R):
             h = hk * G + r // Lq
             i = r % Lq
@@ -215,37 +287,41 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
-def _merge_splits(part_out, part_lse, out, lse, like):
-    """out, lse of every row from its splits, by log-sum-exp in split order (``like``: a
-    scalar of the dtype)."""
+def _merge_splits(part_out, part_lse, out, lse):
+    """out (the input dtype: half bits rounded once) and lse (the compute dtype) of every
+    row from its splits (at least one row), by log-sum-exp in split order."""
     S, B, H, Lq, Dv = part_out.shape
-    zero, one, neg_inf = float_constants(like)
+    zero, one, neg_inf = float_constants(part_lse[0, 0, 0, 0])
     for row in prange(B * H * Lq):
         b, h, i = row // (H * Lq), (row // Lq) % H, row % Lq
         top = neg_inf
-        for s in range(S):
-            if part_lse[s, b, h, i] > top:
-                top = part_lse[s, b, h, i]
         nan = False
         for s in range(S):
+            top = max(top, part_lse[s, b, h, i])
             nan = nan or part_lse[s, b, h, i] != part_lse[s, b, h, i]
-        if nan or top == neg_inf:
+        if nan:  # NaN stays NaN
             for e in range(Dv):
-                out[b, h, i, e] = part_out[0, b, h, i, e] if nan else zero
-            lse[b, h, i] = part_lse[0, b, h, i] if nan else neg_inf
+                out[b, h, i, e] = narrow(part_out[0, b, h, i, e], out)
+            lse[b, h, i] = part_lse[0, b, h, i]
             continue
+        if top == neg_inf:  # no key of any split is visible
+            for e in range(Dv):
+                out[b, h, i, e] = narrow(zero, out)
+            lse[b, h, i] = neg_inf
+            continue
+        weight = np.zeros(S, dtype=part_lse.dtype)
         total = zero
-        for e in range(Dv):
-            out[b, h, i, e] = zero
         for s in range(S):
-            w = fast_exp(part_lse[s, b, h, i] - top)
             if part_lse[s, b, h, i] > neg_inf:  # an empty split's output is not read
-                total += w
-                for e in range(Dv):
-                    out[b, h, i, e] += w * part_out[s, b, h, i, e]
+                weight[s] = fast_exp(part_lse[s, b, h, i] - top)
+                total += weight[s]
         inv = one / total
         for e in range(Dv):
-            out[b, h, i, e] *= inv
+            value = zero
+            for s in range(S):
+                if weight[s] > zero:
+                    value += weight[s] * part_out[s, b, h, i, e]
+            out[b, h, i, e] = narrow(value * inv, out)
         lse[b, h, i] = top + math.log(total)
 
 
@@ -266,24 +342,25 @@ def choose_splits(problem: DecodeProblem, threads: int | None = None) -> int:
 
 
 def run(problem: DecodeProblem):
-    """``(out (B, H, Lq, Dv), lse (B, H, Lq))`` of a decode step, in the input dtype."""
+    """``(out (B, H, Lq, Dv) in the input dtype, lse (B, H, Lq) in the compute dtype)`` of a
+    decode step (float32 lse for half inputs)."""
     B, H, Hkv, Lq, D, Dv = problem.shape
-    dtype = problem.dtype.type
+    ct = compute_dtype(problem.dtype).type  # float32 for half inputs
     n_splits = choose_splits(problem)
-    out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    lse = np.empty((B, H, Lq), dtype=dtype)
+    out = np.empty((B, H, Lq, Dv), dtype=problem.dtype)
+    lse = np.empty((B, H, Lq), dtype=ct)
     if B * H * Lq == 0:
         return out, lse
-    part_out = np.empty((n_splits, B, H, Lq, Dv), dtype=dtype)
-    part_lse = np.empty((n_splits, B, H, Lq), dtype=dtype)
+    part_out = np.empty((n_splits, B, H, Lq, Dv), dtype=ct)
+    part_lse = np.empty((n_splits, B, H, Lq), dtype=ct)
     mods = mod_functions(problem)  # the forward's: it reads only the problem's mods
     kernel = _decode_splits
     if not all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3])):
         kernel = _decode_splits_user  # a user function: compiled once per process
     with launch_guard():
-        run_user_code(user_names(problem), kernel, problem.q, problem.k_cache,
-                      problem.v_cache, problem.block_table, problem.seqlens, problem.q_start,
-                      problem.causal, dtype(problem.scale), n_splits, part_out, part_lse,
-                      *mods)
-        _merge_splits(part_out, part_lse, out, lse, dtype(0))
+        run_user_code(user_names(problem), kernel, bits_view(problem.q),
+                      bits_view(problem.k_cache), bits_view(problem.v_cache),
+                      problem.block_table, problem.seqlens, problem.q_start, problem.causal,
+                      ct(problem.scale), n_splits, part_out, part_lse, *mods)
+        _merge_splits(part_out, part_lse, bits_view(out), lse)
     return out, lse

@@ -12,20 +12,25 @@ from __future__ import annotations
 import numpy as np
 
 from .._decode_problem import DecodeProblem
+from .._dtypes import compute_dtype as dtype_computed_in
 from . import formulas
-from .forward import _logsumexp_visible, _softmax_visible, _weighted_values
+from .forward import _logsumexp_visible, _rounding, _softmax_visible, _weighted_values
 
 
 def run(problem: DecodeProblem, compute_dtype=np.float64, keep_precision=False,
-        scores_from=None):
+        scores_from=None, round_to=None):
     """``(out (B, H, Lq, Dv), lse (B, H, Lq))`` of a decode step.
+
+    out has the input dtype, lse the compute dtype (float32 for half inputs), unless
+    ``keep_precision``.  With ``problem.sinks`` each row's denominator has its head's sink.
 
     Parameters
     ----------
     problem : DecodeProblem
-    compute_dtype, keep_precision, scores_from
+    compute_dtype, keep_precision, scores_from, round_to
         As :func:`kernels.reference.forward.run` (the oracle and the two baselines).
     """
+    rnd = _rounding(round_to)
     B, H, Hkv, Lq, D, Dv = problem.shape
     group = H // Hkv
     ct = np.dtype(compute_dtype).type
@@ -50,10 +55,13 @@ def run(problem: DecodeProblem, compute_dtype=np.float64, keep_precision=False,
             k_wide = np.repeat(k.astype(wide), group, axis=1)
             scores = ((problem.q.astype(wide) @ k_wide.swapaxes(-1, -2))
                       * wide(problem.scale)).astype(ct)
+        scores = rnd(scores)
         if problem.score_mod is not None:
             scores = formulas.scores(problem.score_mod, scores, ct, positions)
-    weights = _softmax_visible(scores, visible)
-    out = _weighted_values(weights, visible, v_rep)  # (B, H, Lq, Dv)
-    lse = _logsumexp_visible(scores, visible)  # (B, H, Lq)
-    dtype = ct if keep_precision else problem.dtype
-    return out.astype(dtype), lse.astype(dtype)
+    sinks = None if problem.sinks is None else problem.sinks.astype(ct)[None, :, None, None]
+    weights = rnd(_softmax_visible(scores, visible, sinks))
+    out = rnd(_weighted_values(weights, visible, v_rep))  # (B, H, Lq, Dv)
+    lse = _logsumexp_visible(scores, visible, sinks)  # (B, H, Lq)
+    if keep_precision:
+        return out, lse
+    return out.astype(problem.dtype), lse.astype(dtype_computed_in(problem.dtype))

@@ -1,0 +1,127 @@
+"""The numba decode kernel of an older commit against today's, interleaved in one process,
+beside the read-bandwidth probe: decode's targets (docs/guide/decode.md) for both.
+
+    python scripts/decode_ab.py --old 629b084 [--rounds 15] [--threads 2] [--quick]
+
+The old ``kernels/numba_cpu/decode.py`` is taken from git (``git show OLD:...``), written
+beside today's as ``kernels/numba_cpu/_ab_old_decode.py`` (removed at the end) and run
+through the same :class:`kernels._decode_problem.DecodeProblem` (float32 and float64 only:
+older kernels take no half caches).  Every call of every case is timed in the same
+interleaved rounds (``attnbench.measure.timing.interleaved``, a pause after each call);
+the table gives medians, GB/s of K and V read (the read bandwidth probe's own GB/s in
+its row), and new/old with the 95% bootstrap interval of the ratio of medians.  The bf16
+rows time today's kernel on bfloat16 caches of the same shape (half the bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from attnbench.measure.bandwidth import stream_reader  # noqa: E402
+from attnbench.measure.intervals import ratio_interval  # noqa: E402
+from attnbench.measure.timing import interleaved  # noqa: E402
+from kernels._decode_validate import check_decode_args  # noqa: E402
+from kernels._dtypes import as_dtype  # noqa: E402
+from kernels.numba_cpu import decode as new_decode  # noqa: E402
+
+OLD_PATH = REPO / "kernels" / "numba_cpu" / "_ab_old_decode.py"
+
+
+def _cases(quick: bool):
+    """(name, B, H, Hkv, L, page_size): the issue's decode shapes (D = 128, Lq = 1)."""
+    L1, LB = (4096, 1024) if quick else (32768, 4096)
+    return [("B=1 H=32 Hkv=8", 1, 32, 8, L1, None),
+            ("B=8 H=32 Hkv=8", 8, 32, 8, LB, None),
+            ("B=1 H=8 Hkv=8", 1, 8, 8, L1, None),
+            ("B=1 H=32 Hkv=8 page 16", 1, 32, 8, L1, 16),
+            ("B=1 H=32 Hkv=8 page 256", 1, 32, 8, L1, 256)]
+
+
+def _problem(rng, B, H, Hkv, L, page_size, dtype, D=128):
+    if page_size is None:
+        shape, table = (B, Hkv, L, D), None
+    else:
+        per_seq = -(-L // page_size)
+        shape = (B * per_seq, Hkv, page_size, D)
+        table = rng.permutation(B * per_seq).reshape(B, per_seq)
+    k = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    v = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    q = rng.standard_normal((B, H, 1, D), dtype=np.float32).astype(dtype)
+    problem = check_decode_args(q, k, v, cache_seqlens=np.full(B, L), block_table=table)[0]
+    return problem, 2 * k.nbytes * L * B // (shape[0] * shape[2])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", required=True, help="git revision of the old kernel")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--settle", type=float, default=0.1)
+    parser.add_argument("--quick", action="store_true", help="small caches (a smoke test)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        numba.set_num_threads(args.threads)
+    source = subprocess.run(["git", "show", f"{args.old}:kernels/numba_cpu/decode.py"],
+                            cwd=REPO, check=True, capture_output=True, text=True).stdout
+    OLD_PATH.write_text(source)
+    try:
+        old_decode = importlib.import_module("kernels.numba_cpu._ab_old_decode")
+        rng = np.random.default_rng(0)
+        read, probe_bytes = stream_reader()
+        calls, nbytes = {"probe": read}, {"probe": probe_bytes}
+        for name, B, H, Hkv, L, page_size in _cases(args.quick):
+            problem, kv_bytes = _problem(rng, B, H, Hkv, L, page_size, np.float32)
+            for label, module in (("old", old_decode), ("new", new_decode)):
+                calls[f"{name} {label}"] = (lambda m=module, p=problem: m.run(p))
+                nbytes[f"{name} {label}"] = kv_bytes
+            if page_size is None and B == 1 and H == 32:
+                half, half_bytes = _problem(rng, B, H, Hkv, L, None, as_dtype("bfloat16"))
+                calls[f"{name} bf16 new"] = lambda p=half: new_decode.run(p)
+                nbytes[f"{name} bf16 new"] = half_bytes
+        for call in calls.values():
+            call()  # compiles
+        timings = interleaved(calls, rounds=args.rounds, settle=args.settle)
+    finally:
+        OLD_PATH.unlink(missing_ok=True)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    print(f"threads {numba.get_num_threads()}, rounds {args.rounds}, load after {load}, "
+          f"old = {args.old}")
+    probe_gbs = nbytes["probe"] / np.median(timings["probe"].samples) / 1e9
+    print(f"{'call':38s} {'median ms':>10s} {'GB/s':>7s} {'of probe':>8s}")
+    for name, timing in timings.items():
+        median = float(np.median(timing.samples))
+        gbs = nbytes[name] / median / 1e9
+        print(f"{name:38s} {median * 1e3:10.2f} {gbs:7.1f} {gbs / probe_gbs:8.2f}")
+    print("\nnew / old (95% interval):")
+    for name, _, _, _, _, _ in _cases(args.quick):
+        ratio, low, high = ratio_interval(timings[f"{name} new"].samples,
+                                          timings[f"{name} old"].samples)
+        print(f"  {name:34s} {ratio:.2f} [{low:.2f}, {high:.2f}]")
+    first = _cases(args.quick)[0][0]
+    for label in ("old", "new"):
+        ratio, low, high = ratio_interval(timings[f"{first} {label}"].samples,
+                                          timings[f"B=1 H=8 Hkv=8 {label}"].samples)
+        print(f"  GQA 32/8 over 8/8, {label}: {ratio:.2f} [{low:.2f}, {high:.2f}]")
+        for page in (16, 256):
+            ratio, low, high = ratio_interval(timings[f"{first} page {page} {label}"].samples,
+                                              timings[f"{first} {label}"].samples)
+            print(f"  page {page} over contiguous, {label}: {ratio:.2f} [{low:.2f}, {high:.2f}]")
+    ratio, low, high = ratio_interval(timings[f"{first} new"].samples,
+                                      timings[f"{first} bf16 new"].samples)
+    print(f"  float32 over bfloat16 (new): {ratio:.2f} [{low:.2f}, {high:.2f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
