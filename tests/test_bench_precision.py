@@ -16,7 +16,8 @@ from attnbench.measure import peers
 def precision():
     config = bench_config.BenchConfig(
         heads=2, head_size=16, rounds=1, interval_rounds=1, precision_lengths=(64,),
-        precision_backward_length=48, sections=("precision",), peers=("torch",))
+        precision_backward_length=48, decode_length=96, sections=("precision",),
+        peers=("torch",))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bench_sections, "REMEASURE_SECONDS", 0.0)  # no extra rounds
         table, _ = run_bench(config, progress=lambda line: None)
@@ -35,6 +36,10 @@ def test_precision_rows(precision):
     assert set(zip(backward["dtype"], backward["causal"], strict=True)) == {
         (d, c) for d in ("float32", "bfloat16") for c in (False, True)}
     assert set(backward["L"]) == {48}
+    decode = numba[numba["variant"] == "decode"]
+    assert sorted(decode["dtype"]) == ["bfloat16", "float32"] and set(decode["L"]) == {96}
+    by_dtype = decode.set_index("dtype")["extra_mib"]  # bytes of K and V: half in bfloat16
+    assert by_dtype["float32"] == 2 * by_dtype["bfloat16"] == 2 * 8 * 96 * 128 * 4 / 2**20
     assert (numba["status"] == "ok").all() and (numba["median_ms"] > 0).all()
     assert (numba["gflops"] > 0).all() and numba["samples_ms"].str.len().gt(0).all()
     torch_rows = table[table["impl"] == "torch"]
@@ -45,12 +50,14 @@ def test_precision_targets(precision):
     config, table = precision
     targets = targets_table(table, config).set_index("target")
     names = ["bfloat16 prefill / float32", "float16 prefill / float32",
-             "bfloat16 backward / float32", "numba / torch SDPA, bfloat16"]
+             "bfloat16 backward / float32", "float32 decode / bfloat16 decode",
+             "numba / torch SDPA, bfloat16"]
     assert set(names) <= set(targets.index)
     assert "numba / numpy" not in targets.index  # no forward section ran
     # one sample per call: no interval, so no verdict either way
-    assert (targets.loc[names[:3], "met"] == interval_targets.INCONCLUSIVE).all()
+    assert (targets.loc[names[:4], "met"] == interval_targets.INCONCLUSIVE).all()
     assert "L=64 causal" in targets.loc[names[0], "measured"]
+    assert "L=96 causal" in targets.loc[names[3], "measured"]
     if not peers.peer_status("torch")[0]:
-        assert pd.isna(targets.loc[names[3], "met"])  # no rows: no verdict
-        assert "torch is not installed" in targets.loc[names[3], "note"]
+        assert pd.isna(targets.loc[names[4], "met"])  # no rows: no verdict
+        assert "torch is not installed" in targets.loc[names[4], "note"]

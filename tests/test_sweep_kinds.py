@@ -34,7 +34,7 @@ def test_varlen_lengths_halve_down_to_one():
     (_point(kind="decode", mask="causal"), "mask none"),
     (_point(kind="decode", direction="backward"), "no backward"),
     (_point(kind="decode", variant="window-8"), "variants"),
-    (_point(kind="decode", dtype="float16"), "float32 and float64"),
+    (_point(kind="varlen", dtype="float16"), "float32 and float64"),
     (_point(kind="varlen", backend="numpy"), "packed-batch"),
     (_point(kind="varlen", mask="padding"), "masks none, causal"),
     (_point(kind="varlen", variant="documents-2"), "documents"),
@@ -58,6 +58,14 @@ def test_a_decode_point_reads_its_cache_once_and_agrees_with_the_oracle():
     assert row["bytes_read"] == 2 * 2 * 48 * 2 * 8 * 4  # B·Hkv·Lk·(D + Dv)·4 bytes
     assert row["read_gbs"] == pytest.approx(row["bytes_read"] / row["median_ms"] / 1e6)
     assert row["flops"] == 2 * 4 * 48 * 4 * 8  # B·H·Lk pairs, 2·(D + Dv) each
+
+
+def test_a_bfloat16_decode_point_reads_half_the_bytes_within_the_half_tolerance():
+    point = _point(kind="decode", L=48, batch=2, dtype="bfloat16")
+    row = PointRunner(max_time=0.02)(point)
+    assert row["status"] == "ok", row["reason"]
+    assert row["within_tolerance"]
+    assert row["bytes_read"] == 2 * 2 * 48 * 2 * 8 * 2  # B·Hkv·Lk·(D + Dv)·2 bytes
 
 
 @pytest.mark.parametrize("kw", [dict(mask="causal"), dict(mask="causal", variant="sinks"),

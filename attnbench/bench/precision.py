@@ -10,7 +10,10 @@ each dtype compiles its kernel: the warm-up):
   float32's), and torch's SDPA in bfloat16 beside them where torch is installed (target:
   numba bf16 / torch bf16 <= 1.0);
 - ``backward``: the causal and non-causal backward (``out`` and ``lse`` given) in float32
-  and bfloat16 at ``config.precision_backward_length`` (target <= 1.15x).
+  and bfloat16 at ``config.precision_backward_length`` (target <= 1.15x);
+- ``decode``: one decode step (:func:`kernels.attention_with_kvcache`, B=1, H=32, Hkv=8,
+  D=128, Lq=1, a cache of ``config.decode_length``) in float32 and bfloat16: bound by the
+  bytes of K and V it reads, half of them in bfloat16 (target: float32 / bfloat16 >= 1.7).
 
 Rows keep their samples (``samples_ms``): the targets are decided from the ratio's 95%
 interval (:mod:`attnbench.bench.interval_targets`).
@@ -104,7 +107,36 @@ def precision_section(config: BenchConfig, threads: int,
             calls["numba", name] = (numba_backward_call(q, k, v, _dout(q), causal),
                                     backward_flops(B, H, L, L, D, causal=causal))
         rows += _rows(config, "backward", L, causal, threads, calls)
-    return rows
+    return rows + _decode_rows(config, threads, progress)
+
+
+#: The decode group's shape: B, H, Hkv, D (issue 23's bandwidth point).
+DECODE_SHAPE = (1, 32, 8, 128)
+
+
+def _decode_rows(config: BenchConfig, threads: int, progress) -> list[dict]:
+    """One decode step in float32 and bfloat16 on the same values, interleaved."""
+    B, H, Hkv, D = DECODE_SHAPE
+    L = config.decode_length
+    progress(f"precision decode B={B} H={H} Hkv={Hkv} D={D} cache {L}: float32, bfloat16")
+    rng = np.random.default_rng(0)
+    base = [rng.standard_normal(shape, dtype=np.float32)
+            for shape in ((B, H, 1, D), (B, Hkv, L, D), (B, Hkv, L, D))]
+    calls, nbytes = {}, {}
+    for name in BACKWARD_DTYPES:
+        q, k_cache, v_cache = (x.astype(as_dtype(name)) for x in base)
+        calls[f"numba {name}"] = partial(kernels.attention_with_kvcache, q, k_cache, v_cache,
+                                         cache_seqlens=np.full(B, L), backend="numba")
+        calls[f"numba {name}"]()  # compiles (untimed)
+        nbytes[name] = k_cache.nbytes + v_cache.nbytes
+    timings = interval_timings(calls, config)
+    return [_row("precision", "numba", variant="decode", B=B, H=H, L=L, D=D, causal=True,
+                 dtype=as_dtype(name), threads=threads,
+                 **timings[f"numba {name}"].ms_columns(),
+                 samples_ms=format_samples(timings[f"numba {name}"].samples),
+                 gflops=gflops(attention_flops(B, H, 1, L, D), timings[f"numba {name}"].median),
+                 extra_mib=nbytes[name] / 2**20)  # bytes of K and V read per call, in MiB
+            for name in BACKWARD_DTYPES]
 
 
 def precision_targets(table: pd.DataFrame, causal_kinds=(False, True)) -> list[dict]:
@@ -132,6 +164,9 @@ def precision_targets(table: pd.DataFrame, causal_kinds=(False, True)) -> list[d
         _ratio_target("bfloat16 backward / float32", shape,
                       pairs("backward", ("numba", "bfloat16"), ("numba", "float32")), 1.15,
                       at_most=True),
+        _ratio_target("float32 decode / bfloat16 decode", "numba, B=1 H=32 Hkv=8 D=128 Lq=1",
+                      pairs("decode", ("numba", "float32"), ("numba", "bfloat16")), 1.7,
+                      at_most=False),
         _ratio_target("numba / torch SDPA, bfloat16", shape,
                       pairs("prefill", ("numba", "bfloat16"), (TORCH, "bfloat16")), 1.0,
                       at_most=True, note="" if peers.peer_status(TORCH)[0]
