@@ -226,12 +226,13 @@ def _key_tasks(problem: VarlenProblem, block_k: int):
 
 
 def _by_sequence(x, cu):
-    """Packed (total, heads, X) -> flat, sequence after sequence, each (heads, rows, X)."""
+    """Packed (total, heads, X) -> flat, sequence after sequence, each (heads, rows, X)
+    (written in place: no temporary copy of a sequence)."""
     flat = np.empty(x.size, dtype=x.dtype)
-    width = x.shape[1] * x.shape[2]
+    heads, width = x.shape[1], x.shape[1] * x.shape[2]
     for b in range(len(cu) - 1):
-        rows = x[cu[b]:cu[b + 1]]
-        flat[width * cu[b]:width * cu[b + 1]] = rows.transpose(1, 0, 2).ravel()
+        block = flat[width * cu[b]:width * cu[b + 1]].reshape(heads, cu[b + 1] - cu[b], x.shape[2])
+        block[...] = x[cu[b]:cu[b + 1]].transpose(1, 0, 2)
     return flat
 
 
@@ -321,13 +322,10 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     H, Hkv, D, Dv = problem.heads
     total_q, total_k = problem.q.shape[0], problem.k.shape[0]
     dtype = problem.dtype.type
-    dkt = np.zeros((Hkv, total_k, D), dtype=dtype)
-    dvt = np.zeros((Hkv, total_k, Dv), dtype=dtype)
     threads = numba.get_num_threads()
     tasks, costs = _key_tasks(problem, config.BACKWARD_BLOCK_K)
     if not tasks or Dv == 0:
-        return (np.zeros_like(problem.q), dkt.transpose(1, 0, 2).copy(),
-                dvt.transpose(1, 0, 2).copy())
+        return (np.zeros_like(problem.q), np.zeros_like(problem.k), np.zeros_like(problem.v))
     bins = deal(tasks, costs, threads)
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     blas = True if config.HAVE_BLAS else None
@@ -352,6 +350,8 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
         return (_packed_back(dq, cu_q, H, D), _packed_back(dkf, cu_k, Hkv, D),
                 _packed_back(dvf, cu_k, Hkv, Dv))
     dq_parts = np.zeros((bins.shape[0], H, total_q, D), dtype=dtype)
+    dkt = np.zeros((Hkv, total_k, D), dtype=dtype)
+    dvt = np.zeros((Hkv, total_k, Dv), dtype=dtype)
     qt, kt, vt, dot, ot = (np.ascontiguousarray(x.transpose(1, 0, 2))
                            for x in (problem.q, problem.k, problem.v, dout, out))
     with np.errstate(invalid="ignore", over="ignore"):
