@@ -18,7 +18,7 @@ import numpy as np
 
 from ._api import attention, attention_backward
 from ._dispatch import BackendUnavailableError, cuda_status
-from ._dtypes import FULL_DTYPES
+from ._dtypes import compute_dtype
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import _as_float_array, causal_offset, check_backend, check_dropout, check_qkv
 from ._varlen_problem import VarlenProblem
@@ -78,10 +78,6 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         arrays.append(x)
     # As (heads, total, head size), the dense checks apply (dtypes, D, heads, keys = values).
     q, k, v = (x.transpose(1, 0, 2) for x in check_qkv(*(x.transpose(1, 0, 2) for x in arrays)))
-    if q.dtype not in FULL_DTYPES:
-        raise TypeError(f"q, k and v have dtype {q.dtype}; attention_varlen takes float32 or "
-                        "float64 (half precision is on kernels.attention and "
-                        "attention_backward only, so far)")
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], len(cu_q) - 1)
     _check_max("max_seqlen_q", max_seqlen_q, np.diff(cu_q))
@@ -112,7 +108,7 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         if mod is not None:
             mod.check(*shape.shape[:2], *shape.shape[3:5])
     if score is not None:
-        score.element("cpu", problem.dtype)
+        score.element("cpu", compute_dtype(problem.dtype))  # float32 for half inputs
     return replace(problem, score_mod=score, mask_mod=mask)
 
 
@@ -150,7 +146,7 @@ def _dense_call(problem: VarlenProblem, name: str):
     """Each sequence as a dense call of the backend ``name``: ``(out, lse)``, no sinks."""
     H, _, _, Dv = problem.heads
     out = np.zeros((problem.q.shape[0], H, Dv), dtype=problem.dtype)
-    lse = np.full((H, problem.q.shape[0]), -np.inf, dtype=problem.dtype)
+    lse = np.full((H, problem.q.shape[0]), -np.inf, dtype=compute_dtype(problem.dtype))
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     for b in range(problem.n_seq):
         if problem.lengths_q[b] == 0 or problem.lengths_k[b] == 0:
@@ -176,11 +172,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     Parameters
     ----------
     q : ndarray, shape (total_q, H, D)
-        Packed queries, float32 or float64.
+        Packed queries: float32, float64, float16 or ``ml_dtypes.bfloat16`` (half inputs
+        are computed in float32, as :func:`kernels.attention` computes them).
     k : ndarray, shape (total_k, Hkv, D)
-        Packed keys; H a multiple of Hkv (GQA/MQA).
+        Packed keys, q's dtype; H a multiple of Hkv (GQA/MQA).
     v : ndarray, shape (total_k, Hkv, Dv)
-        Packed values.
+        Packed values, q's dtype.
     cu_seqlens_q, cu_seqlens_k : array_like of int, shape (B + 1,)
         Offsets of the sequences: start at 0, non-decreasing, end at total_q (total_k).
         Sequences may be empty.
@@ -196,7 +193,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         within the sequence (bound data is checked against B sequences of the longest
         lengths).
     sinks : ndarray, shape (H,), optional
-        As :func:`kernels.attention`.
+        As :func:`kernels.attention` (in q's dtype).
     return_lse : bool, default False
         Also return the log-sum-exp, shape (H, total_q).
     backend : {"auto", "reference", "numba", "cuda"}, default "auto"
@@ -207,7 +204,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     -------
     out : ndarray, shape (total_q, H, Dv), dtype of q
     lse : ndarray, shape (H, total_q)
-        Only if ``return_lse``.
+        Only if ``return_lse``; q's dtype, float32 for half inputs.
 
     Raises
     ------
@@ -251,7 +248,8 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
     out : ndarray, shape (total_q, H, Dv), optional
         The forward's output (same arguments and seed); recomputed when missing.
     lse : ndarray, shape (H, total_q), optional
-        The forward's log-sum-exp; recomputed (with ``out``) when missing.
+        The forward's log-sum-exp (float32 for half inputs); recomputed (with ``out``)
+        when missing.
     max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed, score_mod, mask_mod, sinks,
     backend
         As :func:`attention_varlen`.
@@ -261,20 +259,22 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
     dq : ndarray, shape of q
     dk : ndarray, shape of k
     dv : ndarray, shape of v
+        dq, dk and dv in q's dtype.
     dsinks : ndarray, shape (H,)
-        Only when ``sinks`` are given.
+        Only when ``sinks`` are given, in q's dtype.
     """
     problem = prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                              max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
                              dropout_p=dropout_p, seed=seed, score_mod=score_mod,
                              mask_mod=mask_mod, sinks=sinks)
     if problem.score_mod is not None:
-        problem.score_mod.grad("cpu", problem.dtype)
+        problem.score_mod.grad("cpu", compute_dtype(problem.dtype))
     H, _, _, Dv = problem.heads
     total_q = problem.q.shape[0]
     dout = _check_like("dout", dout, (total_q, H, Dv), problem.dtype)
     out = None if out is None else _check_like("out", out, (total_q, H, Dv), problem.dtype)
-    lse = None if lse is None else _check_like("lse", lse, (H, total_q), problem.dtype)
+    lse = None if lse is None else _check_like("lse", lse, (H, total_q),
+                                               compute_dtype(problem.dtype))
     name = _backend(backend, problem)
     if name != "numba":
         return _dense_backward(problem, name, dout, out, lse)
@@ -296,7 +296,9 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
 def _check_like(name, x, shape, dtype):
     x = np.asarray(x)
     if x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q")
+        what = ("the forward's lse: q's dtype, float32 for half inputs" if name == "lse"
+                else "the dtype of q")
+        raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype} ({what})")
     if x.shape != tuple(shape):
         raise ValueError(f"{name} has shape {x.shape}; expected {tuple(shape)}")
     return np.ascontiguousarray(x)

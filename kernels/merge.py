@@ -11,19 +11,23 @@ normalised output ``o_s`` and the natural-log log-sum-exp ``lse_s`` of its visib
 ``flash_attn_combine``).  A part that saw no key has ``lse_s = -inf``: its weight is 0 and
 its output is never read (so a NaN there cannot leak).  A row empty in every part gives
 out 0 and lse ``-inf``, never NaN.  Computed in float64 and rounded to the inputs' dtype:
-this is not the hot path (the numba decode kernel merges its own splits).
+this is not the hot path (the numba decode kernel merges its own splits).  Half outputs
+(float16, bfloat16) come with float32 lses, as a half call's ``return_lse=True`` gives them:
+out is rounded once to the half dtype, lse to float32.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._dtypes import HALF_DTYPES, is_half
+
 __all__ = ["merge_attention_states"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _as_stack(name: str, parts) -> np.ndarray:
+def _as_stack(name: str, parts, dtypes=_DTYPES) -> np.ndarray:
     """``parts`` as one array (S, ...): an array as it is, a sequence stacked."""
     if isinstance(parts, np.ndarray):
         arr = parts
@@ -41,8 +45,10 @@ def _as_stack(name: str, parts) -> np.ndarray:
         if len(shapes) > 1:
             raise ValueError(f"the parts of {name} differ in shape: {sorted(shapes)}")
         arr = np.stack(items)
-    if arr.dtype not in _DTYPES:
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected float32 or float64")
+    if arr.dtype not in dtypes:
+        expected = "float32 or float64" + (
+            ", or float16 or bfloat16 (with float32 lses)" if dtypes != _DTYPES else "")
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected {expected}")
     return arr
 
 
@@ -52,23 +58,27 @@ def merge_attention_states(outs, lses):
     Parameters
     ----------
     outs : ndarray, shape (S, ..., H, Lq, Dv), or a sequence of S arrays (..., H, Lq, Dv)
-        Each part's normalised output (as :func:`kernels.attention` returns it), float32
-        or float64.
+        Each part's normalised output (as :func:`kernels.attention` returns it), float32,
+        float64, float16 or ``ml_dtypes.bfloat16``.
     lses : ndarray, shape (S, ..., H, Lq), or a sequence of S arrays (..., H, Lq)
         Each part's natural-log log-sum-exp of its visible scores (``return_lse=True``);
-        ``-inf`` for a row that saw no key of the part.  Same dtype as ``outs``.
+        ``-inf`` for a row that saw no key of the part.  The dtype of ``outs``; float32
+        for half ``outs`` (the lse a half call returns).
 
     Returns
     -------
     out : ndarray, shape (..., H, Lq, Dv)
-        ``Σ_s exp(lse_s - lse) · outs[s]``; 0 where every part is empty.
+        ``Σ_s exp(lse_s - lse) · outs[s]``, in the dtype of ``outs``; 0 where every part
+        is empty.
     lse : ndarray, shape (..., H, Lq)
-        ``log Σ_s exp(lse_s)``; ``-inf`` where every part is empty.
+        ``log Σ_s exp(lse_s)``, in the dtype of ``lses``; ``-inf`` where every part is
+        empty.
 
     Raises
     ------
     TypeError
-        A dtype other than float32/float64, or ``outs`` and ``lses`` of different dtypes.
+        A dtype other than these, or ``outs`` and ``lses`` of different dtypes other than
+        half ``outs`` with float32 ``lses``.
     ValueError
         No part, or shapes that do not fit (``lses`` must be ``outs.shape[:-1]``).
 
@@ -89,9 +99,12 @@ def merge_attention_states(outs, lses):
     >>> bool(np.allclose(out, kernels.attention(q, k, v), atol=1e-5))
     True
     """
-    outs = _as_stack("outs", outs)
+    outs = _as_stack("outs", outs, _DTYPES + HALF_DTYPES)
     lses = _as_stack("lses", lses)
-    if outs.dtype != lses.dtype:
+    if is_half(outs.dtype) and lses.dtype != np.float32:
+        raise TypeError(f"lses has dtype {lses.dtype}; expected float32 for outs of dtype "
+                        f"{outs.dtype} (the lse a half call returns)")
+    if not is_half(outs.dtype) and outs.dtype != lses.dtype:
         raise TypeError(f"outs and lses must share one dtype; got outs {outs.dtype}, "
                         f"lses {lses.dtype}")
     if outs.ndim < 2 or outs.shape[0] < 1:
@@ -112,4 +125,4 @@ def merge_attention_states(outs, lses):
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(empty[..., None], 0.0, out / np.where(empty, 1.0, total)[..., None])
         lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, total)))
-    return out.astype(outs.dtype), lse.astype(outs.dtype)
+    return out.astype(outs.dtype), lse.astype(lses.dtype)

@@ -25,9 +25,9 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 #: Layers from the bottom up: a module imports only from its own layer (its own subpackage
 #: for a backend) or a lower one.  Modules not named sit where their prefix does.
 LAYERS = {
+    "kernels._dtypes": -1,  # Numba-free, imports no kernels module: every layer may read it
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
     "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0, "kernels._sinks": 0,
-    "kernels._dtypes": 0,
     "kernels.mods": 1, "kernels._varlen_problem": 1,
     "kernels._validate": 2,
     "kernels._decode_validate": 2.5,  # the decode checks, on the forward's (scale, dtypes)

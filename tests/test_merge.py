@@ -10,14 +10,15 @@ from hypothesis import strategies as st
 
 import kernels
 from attnbench.measure.oracle import max_abs_error, tolerance
-from tests.support import oracle
+from kernels._dtypes import HALF_DTYPES
+from tests.support import COMPARISONS, oracle
 
 SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-def _parts(q, k, v, cuts, key_lengths, causal):
-    """Attention over each part [c0, c1) of the keys (reference backend), as merge inputs."""
+def _parts(q, k, v, cuts, key_lengths, causal, backend="reference"):
+    """Attention over each part [c0, c1) of the keys (on ``backend``), as merge inputs."""
     outs, lses = [], []
     Lq, Lk = q.shape[-2], k.shape[-2]
     for c0, c1 in zip(cuts[:-1], cuts[1:], strict=True):
@@ -29,7 +30,7 @@ def _parts(q, k, v, cuts, key_lengths, causal):
             mask = j <= i + Lk - Lq
         lengths = np.clip(key_lengths - c0, 0, c1 - c0)
         out, lse = kernels.attention(q, k[..., c0:c1, :], v[..., c0:c1, :], mask=mask,
-                                     key_lengths=lengths, backend="reference", return_lse=True)
+                                     key_lengths=lengths, backend=backend, return_lse=True)
         outs.append(out)
         lses.append(lse)
     return outs, lses
@@ -65,6 +66,38 @@ def test_split_keys_merge_to_the_whole_call(data):
     assert np.array_equal(np.isneginf(lse), empty)  # rows with no key anywhere: -inf
     assert not np.isnan(out).any() and (out[empty] == 0).all()
     np.testing.assert_allclose(lse[~empty], whole_lse[~empty], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+def test_split_keys_of_a_half_call_merge_to_the_whole_call(dtype, data):
+    """Half parts (numba, out in the half dtype, lse float32) merge to the whole half call
+    within the half tolerance of the whole call's oracle; out in the half dtype, lse float32."""
+    H = data.draw(st.integers(1, 2), label="H")
+    Lq = data.draw(st.integers(1, 6), label="Lq")
+    Lk = data.draw(st.integers(1, 40), label="Lk")
+    D = data.draw(st.sampled_from([4, 16]), label="D")
+    cuts = [0] + sorted(data.draw(st.lists(st.integers(0, Lk), max_size=3), label="at")) + [Lk]
+    causal = data.draw(st.booleans(), label="causal")
+    key_lengths = np.array([data.draw(st.integers(0, Lk), label="key_lengths")])
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    q, k, v = (rng.standard_normal((1, H, n, D)).astype(dtype) for n in (Lq, Lk, Lk))
+    outs, lses = _parts(q, k, v, cuts, key_lengths, causal, backend="numba")
+    assert all(o.dtype == dtype and x.dtype == np.float32 for o, x in zip(outs, lses,
+                                                                          strict=True))
+    out, lse = kernels.merge_attention_states(outs, lses)
+    assert out.dtype == dtype and lse.dtype == np.float32
+    kw = dict(key_lengths=key_lengths, causal="bottom-right" if causal else False)
+    (exact, _), (plain, _) = oracle(q, k, v, **kw)
+    err = max_abs_error(out, exact)
+    tol = tolerance(exact, plain, dtype)
+    assert err <= tol, (err, tol, cuts)
+    COMPARISONS.append(("merge-numba", dtype.name, err, tol))
+    whole = kernels.attention(q, k, v, return_lse=True, **kw)[1]
+    assert np.array_equal(np.isneginf(lse), np.isneginf(whole))
+    seen = ~np.isneginf(whole)
+    np.testing.assert_allclose(lse[seen], whole[seen], rtol=1e-5, atol=1e-5)  # float32 lse
 
 
 @SETTINGS
@@ -103,6 +136,10 @@ def test_one_part_is_itself_and_sequences_stack():
     (np.zeros((2, 3, 4), np.float32), np.zeros((2, 4), np.float32), ValueError, "lses"),
     (np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.float64), TypeError, "dtype"),
     (np.zeros((2, 3, 4), np.int32), np.zeros((2, 3), np.int32), TypeError, "outs"),
+    (np.zeros((2, 3, 4), np.float16), np.zeros((2, 3), np.float16), TypeError, "lses"),
+    (np.zeros((2, 3, 4), np.float16), np.zeros((2, 3), np.float64), TypeError, "lses"),
+    (np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.float16), TypeError, "lses"),
+    (np.zeros((2, 3, 4), np.int8), np.zeros((2, 3), np.float32), TypeError, "outs"),
     ([], [], ValueError, "empty"),
     ([np.zeros((3, 4)), np.zeros((2, 4))], [np.zeros(3), np.zeros(2)], ValueError, "outs"),
 ])

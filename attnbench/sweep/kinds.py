@@ -18,8 +18,8 @@ oracle, the work (FLOPs, score entries, bytes read) and what cannot run.
   (and its backward); mask ``none`` or ``causal``.  Its oracle is the dense oracle of each
   sequence alone, concatenated.  No peer has a packed-batch entry point.
 
-The varlen entry point takes float32 and float64 (no half precision yet; decode takes
-float16 and bfloat16 caches too), and the sweep times both kinds on the CPU only.
+Both entry points take float16 and bfloat16 as well as float32 and float64; the sweep
+times both kinds on the CPU only.
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ __all__ = ["DECODE_VARIANTS", "bytes_read", "make_call", "make_inputs", "oracle_
 DECODE_VARIANTS = ("none", "alibi", "softcap")
 #: Mask kinds a varlen point takes (within each sequence).
 VARLEN_MASKS = ("none", "causal")
-#: dtypes the varlen entry point takes (decode takes the half dtypes too).
-FULL_DTYPES = ("float32", "float64")
-_ENTRY = {"decode": "attention_with_kvcache", "varlen": "attention_varlen"}
 _KIND_SEED = {"decode": 23, "varlen": 24}  # their inputs never equal a dense point's
 
 
@@ -64,10 +61,6 @@ def skip_reason(point: Point) -> str:
     """Why the point's kind cannot run it, or ``""`` (dense points: always ``""``)."""
     if point.kind == "dense":
         return ""
-    entry = _ENTRY[point.kind]
-    if point.kind == "varlen" and point.dtype not in FULL_DTYPES:
-        return (f"skipped: {entry} takes float32 and float64 only (no half precision yet), "
-                f"not {point.dtype}")
     if point.backend in ("cuda", "torch-cuda"):
         return f"skipped: the sweep times {point.kind} points on the CPU only"
     variant = parse_variant(point.variant)[0]

@@ -19,7 +19,10 @@ C-contiguous in Numba's typing, so each tile product copies its operands before 
 call (measured ~1.4x the dense call's time on one thread).  The micro-kernel path
 (:mod:`kernels.numba_cpu.micro`) is not used here: where the planner chose it for dense
 calls, varlen runs on the BLAS tiles.  Sinks are merged after the kernel by the API, as
-for the dense call.
+for the dense call.  Half inputs reach the block functions as their bits
+(:func:`kernels._dtypes.bits_view`), as in the dense kernels: K and V tiles are widened
+into float32 scratch per task, lse, Δ and dq's accumulator are float32, and out, dk and
+dv are written as half bits (the sequence-major copies above are of the bits).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import numpy as np
 from numba import njit, prange
 
 from .._dropout import dropout_threshold
+from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from .._jit.half import compute_dtype_of
 from .._jit.launch import launch_guard, single_threaded_blas
 from .._varlen_problem import VarlenProblem
 from ..mods import cache as mods_cache
@@ -78,8 +83,9 @@ def _task(bins, t, n, cu_q, cu_k, bottom_right):
 
 @njit(cache=True)
 def _no_dense_mask(x):
-    """The ``mask`` and ``mask_strides`` arguments of a call without a dense mask."""
-    return np.zeros(1, dtype=x.dtype), np.zeros(4, dtype=np.int64)
+    """The ``mask`` and ``mask_strides`` arguments of a call without a dense mask (in the
+    compute dtype of ``x``: float32 for half bits)."""
+    return np.zeros(1, dtype=compute_dtype_of(x)), np.zeros(4, dtype=np.int64)
 
 
 def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scale, threshold,
@@ -87,7 +93,7 @@ def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scal
              mask_fn, tile_fn, mask_args, score_fn, score_args):
     n_seq = cu_q.shape[0] - 1
     mask, mask_strides = _no_dense_mask(qt)  # has_mask is False
-    weights = np.empty((1, 1, 1, 1), dtype=qt.dtype)
+    weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qt))
     for t in prange(bins.shape[0]):  # one bin of tasks per thread
         for n in range(bins.shape[1]):
             b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
@@ -125,7 +131,7 @@ def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal
                   scale, threshold, keep_scale, seed, block_k, narrow_k, blas):
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
     mask, mask_strides = _no_dense_mask(qf)  # has_mask is False
-    weights = np.empty((1, 1, 1, 1), dtype=qf.dtype)
+    weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qf))
     for t in prange(bins.shape[0]):
         for n in range(bins.shape[1]):
             b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
@@ -226,12 +232,13 @@ def _key_tasks(problem: VarlenProblem, block_k: int):
 
 
 def _by_sequence(x, cu):
-    """Packed (total, heads, X) -> flat, sequence after sequence, each (heads, rows, X)."""
+    """Packed (total, heads, X) -> flat, sequence after sequence, each (heads, rows, X)
+    (written in place: no temporary copy of a sequence)."""
     flat = np.empty(x.size, dtype=x.dtype)
-    width = x.shape[1] * x.shape[2]
+    heads, width = x.shape[1], x.shape[1] * x.shape[2]
     for b in range(len(cu) - 1):
-        rows = x[cu[b]:cu[b + 1]]
-        flat[width * cu[b]:width * cu[b + 1]] = rows.transpose(1, 0, 2).ravel()
+        block = flat[width * cu[b]:width * cu[b + 1]].reshape(heads, cu[b + 1] - cu[b], x.shape[2])
+        block[...] = x[cu[b]:cu[b + 1]].transpose(1, 0, 2)
     return flat
 
 
@@ -266,7 +273,7 @@ def _plain(problem: VarlenProblem) -> bool:
 
 
 def _common(problem: VarlenProblem):
-    dtype = problem.dtype.type
+    dtype = compute_dtype(problem.dtype).type  # float32 for half inputs
     return (problem.causal is not False, problem.causal == "bottom-right", dtype(problem.scale),
             np.uint64(dropout_threshold(problem.dropout_p)),
             dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed))
@@ -276,8 +283,8 @@ def run(problem: VarlenProblem):
     """``(out (total_q, H, Dv), lse (H, total_q))`` of a validated packed call, no sinks."""
     H, _, _, Dv = problem.heads
     total_q = problem.q.shape[0]
-    dtype = problem.dtype.type
-    ot = np.zeros((H, total_q, Dv), dtype=dtype)
+    dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
+    ot = np.zeros((H, total_q, Dv), dtype=bits)  # half: the output's bits
     lset = np.full((H, total_q), -np.inf, dtype=dtype)
     threads = numba.get_num_threads()
     block_q, narrow_k = config.BLOCK_Q, config.BLOCK_K_DIAGONAL
@@ -291,20 +298,20 @@ def run(problem: VarlenProblem):
         block_q //= 2
         tasks, costs = _query_tasks(problem, block_q)
     if not tasks:
-        return ot.transpose(1, 0, 2).copy(), lset
+        return ot.view(problem.dtype).transpose(1, 0, 2).copy(), lset
     blas = True if config.HAVE_BLAS else None
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     if _plain(problem):
-        of = np.zeros(ot.size, dtype=dtype)
+        of = np.zeros(ot.size, dtype=bits)
         lf = np.full(lset.size, -np.inf, dtype=dtype)
-        args = (_by_sequence(problem.q, cu_q), _by_sequence(problem.k, cu_k),
-                _by_sequence(problem.v, cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
+        args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
+                _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
                 deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
                 ) + _common(problem) + (config.BLOCK_K, narrow_k, blas)
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             FORWARD_FLAT(*args)
-        return _packed_back(of, cu_q, H, Dv), _lse_packed_back(lf, cu_q, H)
-    qt, kt, vt = (np.ascontiguousarray(x.transpose(1, 0, 2))
+        return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
+    qt, kt, vt = (np.ascontiguousarray(bits_view(x).transpose(1, 0, 2))
                   for x in (problem.q, problem.k, problem.v))
     args = (qt, kt, vt, problem.cu_seqlens_q, problem.cu_seqlens_k, problem.lengths_k,
             deal(tasks, costs, threads)) + _common(problem) + (
@@ -312,7 +319,7 @@ def run(problem: VarlenProblem):
     cached = all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3]))
     with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
         run_user_code(user_names(shape_problem), FORWARD if cached else FORWARD_USER, *args)
-    return ot.transpose(1, 0, 2).copy(), lset
+    return ot.view(problem.dtype).transpose(1, 0, 2).copy(), lset
 
 
 def run_backward(problem: VarlenProblem, dout, out, lse):
@@ -320,42 +327,45 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     marked, see :func:`kernels._sinks.keys_only_lse`) ``lse`` (H, total_q)."""
     H, Hkv, D, Dv = problem.heads
     total_q, total_k = problem.q.shape[0], problem.k.shape[0]
-    dtype = problem.dtype.type
-    dkt = np.zeros((Hkv, total_k, D), dtype=dtype)
-    dvt = np.zeros((Hkv, total_k, Dv), dtype=dtype)
+    dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
     threads = numba.get_num_threads()
     tasks, costs = _key_tasks(problem, config.BACKWARD_BLOCK_K)
     if not tasks or Dv == 0:
-        return (np.zeros_like(problem.q), dkt.transpose(1, 0, 2).copy(),
-                dvt.transpose(1, 0, 2).copy())
+        return (np.zeros_like(problem.q), np.zeros_like(problem.k), np.zeros_like(problem.v))
     bins = deal(tasks, costs, threads)
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     blas = True if config.HAVE_BLAS else None
     if _plain(problem):
         dof, of = _by_sequence(dout, cu_q), _by_sequence(out, cu_q)
+        wide = (dof.astype(dtype, copy=False), of.astype(dtype, copy=False))  # half: float32
         with np.errstate(invalid="ignore", over="ignore"):  # Δ per row, sequence-major
             row_dot = np.concatenate(
                 [np.einsum("hid,hid->hi", *(f[H * Dv * cu_q[b]:H * Dv * cu_q[b + 1]].reshape(
-                    H, cu_q[b + 1] - cu_q[b], Dv) for f in (dof, of))).ravel()
+                    H, cu_q[b + 1] - cu_q[b], Dv) for f in wide)).ravel()
                  for b in range(problem.n_seq)] + [np.empty(0, dtype)])
         dq_parts = np.zeros((bins.shape[0], problem.q.size), dtype=dtype)
-        dkf = np.zeros(problem.k.size, dtype=dtype)
-        dvf = np.zeros(problem.v.size, dtype=dtype)
-        args = (_by_sequence(problem.q, cu_q), _by_sequence(problem.k, cu_k),
-                _by_sequence(problem.v, cu_k), dof,
+        dkf = np.zeros(problem.k.size, dtype=bits)
+        dvf = np.zeros(problem.v.size, dtype=bits)
+        args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
+                _by_sequence(bits_view(problem.v), cu_k), bits_view(dof),
                 _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
                 row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
                 ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas)
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             BACKWARD_FLAT(*args)
         dq = dq_parts.sum(axis=0) * dtype(problem.scale)
-        return (_packed_back(dq, cu_q, H, D), _packed_back(dkf, cu_k, Hkv, D),
-                _packed_back(dvf, cu_k, Hkv, Dv))
+        return (rounded_to(_packed_back(dq, cu_q, H, D), problem.dtype),
+                _packed_back(dkf, cu_k, Hkv, D).view(problem.dtype),
+                _packed_back(dvf, cu_k, Hkv, Dv).view(problem.dtype))
     dq_parts = np.zeros((bins.shape[0], H, total_q, D), dtype=dtype)
+    dkt = np.zeros((Hkv, total_k, D), dtype=bits)  # half: dk's and dv's bits
+    dvt = np.zeros((Hkv, total_k, Dv), dtype=bits)
     qt, kt, vt, dot, ot = (np.ascontiguousarray(x.transpose(1, 0, 2))
                            for x in (problem.q, problem.k, problem.v, dout, out))
-    with np.errstate(invalid="ignore", over="ignore"):
-        row_dot = np.einsum("hid,hid->hi", dot, ot)  # (H, total_q); unread where lse = -inf
+    with np.errstate(invalid="ignore", over="ignore"):  # (H, total_q); unread where lse = -inf
+        row_dot = np.einsum("hid,hid->hi", dot.astype(dtype, copy=False),
+                            ot.astype(dtype, copy=False))
+    qt, kt, vt, dot = (bits_view(x) for x in (qt, kt, vt, dot))
     mods, names = (None,) * 6, ()
     kernel = BACKWARD
     if problem.score_mod is not None or problem.mask_mod is not None:
@@ -368,5 +378,6 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
         run_user_code(names, kernel, *args, *mods)
     dq = dq_parts.sum(axis=0) * dtype(problem.scale)  # (H, total_q, D)
-    return (dq.transpose(1, 0, 2).copy(), dkt.transpose(1, 0, 2).copy(),
-            dvt.transpose(1, 0, 2).copy())
+    return (rounded_to(dq.transpose(1, 0, 2).copy(), problem.dtype),
+            dkt.view(problem.dtype).transpose(1, 0, 2).copy(),
+            dvt.view(problem.dtype).transpose(1, 0, 2).copy())
