@@ -4,6 +4,5 @@ kernel lives here.
 - :mod:`.cache`: Numba's disk cache stamped with every package module a kernel imports;
 - :mod:`.math`: the vectorisable exp, the row-max keys, float constants, the fastmath sets;
 - :mod:`.launch`: the threading-layer guard and the single-threaded BLAS of parallel launches;
-- :mod:`.half`: half-precision loads widened in registers, stores rounded;
-- :mod:`.prefetch`: software prefetch of the rows a streaming kernel reads next.
+- :mod:`.half`: half-precision loads widened in registers, stores rounded.
 """

@@ -4,13 +4,14 @@ One parallel task is (sequence b, key/value head hk, key split s): it streams th
 and values of split s of sequence b's cache once, through the block table (no gather),
 for all ``G = H / Hkv`` query heads of the group and all Lq queries at once (``R = G·Lq``
 rows: each K/V row is read once, from memory, and used R times from L1).  Per chunk of
-``CHUNK`` keys, the online softmax: scores (a dot over D per row and key, four keys per
-pass), the chunk's row maximum, ``exp`` (the vectorisable polynomial of
-``kernels._jit.math``), the rescaled accumulator ``acc += p · v`` (four value rows per
-pass over a row's accumulator).  While it computes on one chunk it prefetches the K and V
-rows of the next (:mod:`kernels._jit.prefetch`), so that the loads overlap the arithmetic.
-The loops index the cache arrays directly (no row views: a view in a hot loop costs a
-reference count).
+``CHUNK`` keys, the online softmax: scores (a dot over D per row and key), the chunk's
+row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
+accumulator ``acc += p · v``.  Both passes take one key (value) row at a time, for every
+row of the group while it is in L1: the cache is read in address order, which the
+hardware prefetchers follow at the machine's read bandwidth (a single-thread dot over a
+cache in memory, AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11
+GB/s four rows per pass; software prefetch no help: ``scripts/decode_read_order.py``).
+The loops index the cache arrays directly (no row views in the hot loops).
 
 Half precision: float16 and bfloat16 caches arrive as their bits
 (:func:`kernels._dtypes.bits_view`) and every load is widened in registers
@@ -25,8 +26,7 @@ to call for a given number of splits.  With tasks (b, hk, s), B = 1 with one KV 
 
 What is never read: keys and values at positions ``>= seqlens[b]`` (past the new tokens)
 and chunks a mask function's tile test finds empty for every head of the group; a hidden
-pair's value is not multiplied (0 · NaN would be NaN).  (A prefetch is a hint: it reads
-nothing into the computation.)
+pair's value is not multiplied (0 · NaN would be NaN).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from .._dtypes import bits_view, compute_dtype
 from .._jit.half import compute_dtype_of, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants
-from .._jit.prefetch import prefetch_rows
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
@@ -69,80 +68,32 @@ def _locate(block_table, b, j0, nk, ps, row_page, row_slot):
             page, slot = page + 1, 0
 
 
-@njit(cache=True, inline="always")
-def _row_start(cache, page, hk, slot):
-    """Flat index of row (page, hk, slot) of a C-contiguous (pages, Hkv, ps, D) cache."""
-    return ((page * cache.shape[1] + hk) * cache.shape[2] + slot) * cache.shape[3]
-
-
 @njit(cache=True, fastmath=FASTMATH, inline="always")
-def _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores, next_page,
-                    next_slot, n_next):
+def _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores):
     """``scores[r, jj] = scale · qs[r] · k_jj`` for every row and key of a chunk where
-    every pair is visible, four keys per pass; prefetches the next chunk's keys."""
+    every pair is visible: one key row at a time, used by every row while it is in L1."""
     R, D = qs.shape
     zero = scale - scale
-    jj = 0
-    while jj < nk:
-        for t in range(jj, min(jj + 4, n_next)):
-            prefetch_rows(k_cache, _row_start(k_cache, next_page[t], hk, next_slot[t]), 1, D)
-        if jj + 4 <= nk:
-            p0, s0, p1, s1 = row_page[jj], row_slot[jj], row_page[jj + 1], row_slot[jj + 1]
-            p2, s2, p3, s3 = (row_page[jj + 2], row_slot[jj + 2], row_page[jj + 3],
-                              row_slot[jj + 3])
-            for r in range(R):
-                d0, d1, d2, d3 = zero, zero, zero, zero
-                for d in range(D):
-                    x = qs[r, d]
-                    d0 += x * widen(k_cache[p0, hk, s0, d])
-                    d1 += x * widen(k_cache[p1, hk, s1, d])
-                    d2 += x * widen(k_cache[p2, hk, s2, d])
-                    d3 += x * widen(k_cache[p3, hk, s3, d])
-                scores[r, jj] = d0 * scale
-                scores[r, jj + 1] = d1 * scale
-                scores[r, jj + 2] = d2 * scale
-                scores[r, jj + 3] = d3 * scale
-            jj += 4
-        else:
-            p0, s0 = row_page[jj], row_slot[jj]
-            for r in range(R):
-                d0 = zero
-                for d in range(D):
-                    d0 += qs[r, d] * widen(k_cache[p0, hk, s0, d])
-                scores[r, jj] = d0 * scale
-            jj += 1
+    for jj in range(nk):
+        page, slot = row_page[jj], row_slot[jj]
+        for r in range(R):
+            dot = zero
+            for d in range(D):
+                dot += qs[r, d] * widen(k_cache[page, hk, slot, d])
+            scores[r, jj] = dot * scale
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always")
-def _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc, next_page, next_slot,
-                    n_next):
+def _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc):
     """``acc[r] += Σ_jj scores[r, jj] · v_jj`` over a chunk where every pair is visible,
-    four value rows per pass over a row's accumulator; prefetches the next chunk's values."""
+    one value row at a time."""
     R, Dv = acc.shape
-    jj = 0
-    while jj < nk:
-        for t in range(jj, min(jj + 4, n_next)):
-            prefetch_rows(v_cache, _row_start(v_cache, next_page[t], hk, next_slot[t]), 1, Dv)
-        if jj + 4 <= nk:
-            p0, s0, p1, s1 = row_page[jj], row_slot[jj], row_page[jj + 1], row_slot[jj + 1]
-            p2, s2, p3, s3 = (row_page[jj + 2], row_slot[jj + 2], row_page[jj + 3],
-                              row_slot[jj + 3])
-            for r in range(R):
-                w0, w1, w2, w3 = scores[r, jj], scores[r, jj + 1], scores[r, jj + 2], scores[
-                    r, jj + 3]
-                for e in range(Dv):
-                    acc[r, e] += (w0 * widen(v_cache[p0, hk, s0, e])
-                                  + w1 * widen(v_cache[p1, hk, s1, e])
-                                  + w2 * widen(v_cache[p2, hk, s2, e])
-                                  + w3 * widen(v_cache[p3, hk, s3, e]))
-            jj += 4
-        else:
-            p0, s0 = row_page[jj], row_slot[jj]
-            for r in range(R):
-                w0 = scores[r, jj]
-                for e in range(Dv):
-                    acc[r, e] += w0 * widen(v_cache[p0, hk, s0, e])
-            jj += 1
+    for jj in range(nk):
+        page, slot = row_page[jj], row_slot[jj]
+        for r in range(R):
+            weight = scores[r, jj]
+            for e in range(Dv):
+                acc[r, e] += weight * widen(v_cache[page, hk, slot, e])
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always")
@@ -202,15 +153,9 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         seen = np.empty((R, CHUNK), dtype=np.bool_)
         row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
         row_slot = np.empty(CHUNK, dtype=np.int64)
-        next_page = np.empty(CHUNK, dtype=np.int64)  # ... and of the next chunk's keys
-        next_slot = np.empty(CHUNK, dtype=np.int64)
-        if j_lo < j_hi:
-            _locate(block_table, b, j_lo, min(CHUNK, j_hi - j_lo), ps, row_page, row_slot)
         for j0 in range(j_lo, j_hi, CHUNK):
             j1 = min(j0 + CHUNK, j_hi)
             nk = j1 - j0
-            n_next = min(j1 + CHUNK, j_hi) - j1
-            _locate(block_table, b, j1, n_next, ps, next_page, next_slot)
             empty = False
             if tile_fn is not None:  # skip the chunk if it is empty for every head
                 empty = True
@@ -219,29 +164,24 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                                mask_args) != EMPTY:
                         empty = False
                         break
-            # Every pair of the chunk visible (no mask function, before the first query's
-            # causal limit): the loops without the per-pair tests, four keys per pass.
-            full = mask_fn is None and (not causal or j1 - 1 <= q_start[b])
             if empty:
-                pass
-            elif full:
-                _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores,
-                                next_page, next_slot, n_next)
+                continue
+            _locate(block_table, b, j0, nk, ps, row_page, row_slot)
+            # Every pair of the chunk visible (no mask function, before the first query's
+            # causal limit): the loops without the per-pair tests.
+            if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
+                _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
                     for r in range(R):
                         for jj in range(nk):
                             scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
                                                      q_start[b] + r % Lq, j0 + jj, score_args)
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
-                _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc,
-                                next_page, next_slot, n_next)
+                _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
             else:
                 for jj in range(nk):
                     j = j0 + jj
                     p0, s0 = row_page[jj], row_slot[jj]
-                    if jj < n_next:
-                        prefetch_rows(k_cache, _row_start(k_cache, next_page[jj], hk,
-                                                          next_slot[jj]), 1, D)
                     for r in range(R):
                         pos = q_start[b] + r % Lq
                         vis = j <= pos or not causal
@@ -262,16 +202,11 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
                 for jj in range(nk):  # each value row read once for all rows; hidden
                     p0, s0 = row_page[jj], row_slot[jj]  # pairs not multiplied
-                    if jj < n_next:
-                        prefetch_rows(v_cache, _row_start(v_cache, next_page[jj], hk,
-                                                          next_slot[jj]), 1, Dv)
                     for r in range(R):
                         if seen[r, jj]:
                             p = scores[r, jj]
                             for e in range(Dv):
                                 acc[r, e] += p * widen(v_cache[p0, hk, s0, e])
-            row_page, next_page = next_page, row_page  # the next chunk's rows, located
-            row_slot, next_slot = next_slot, row_slot
         for r in range(R):
             h = hk * G + r // Lq
             i = r % Lq
