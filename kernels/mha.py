@@ -8,7 +8,7 @@ import numpy as np
 
 from . import multihead
 from ._api import attention, attention_backward
-from ._dtypes import SUPPORTED_DTYPES, as_dtype
+from ._dtypes import SUPPORTED_DTYPES, as_dtype, compute_dtype
 from ._varlen_api import attention_varlen, attention_varlen_backward
 
 
@@ -220,12 +220,17 @@ class MultiHeadAttention:
         keywords = dict(causal=causal, score_mod=score_mod, mask_mod=mask_mod, backend=backend)
         if params.get("sinks") is not None:
             keywords["sinks"] = params["sinks"]
+        wide = compute_dtype(x.dtype)  # half: every product in float32, rounded once
+
+        def product(a, b):
+            return a.astype(wide, copy=False) @ b.astype(wide, copy=False)
+
         if cu_seqlens is not None:  # packed: heads (total, H, d_head), no reshapes
             q, k, v = self._packed_heads(x, mask, key_lengths)
             heads, lse = attention_varlen(q, k, v, cu_seqlens, cu_seqlens, return_lse=True,
                                           **keywords)
             concat = heads.reshape(x.shape)
-            d_heads = (dy @ params["W_o"].T).reshape(heads.shape)
+            d_heads = product(dy, params["W_o"].T).astype(x.dtype).reshape(heads.shape)
             dqkv = attention_varlen_backward(q, k, v, d_heads, cu_seqlens, cu_seqlens,
                                              out=heads, lse=lse, **keywords)
             merge = lambda d: d.reshape(d.shape[0], -1)  # noqa: E731 (total, width)
@@ -236,26 +241,27 @@ class MultiHeadAttention:
             v = multihead.split_heads(multihead.project(x, params, "v"), Hkv)
             heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
             concat = multihead.merge_heads(heads)  # (..., L, H*d_head)
-            d_heads = multihead.split_heads(dy @ params["W_o"].T, H)
+            d_heads = multihead.split_heads(product(dy, params["W_o"].T).astype(x.dtype), H)
             dqkv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
             merge = multihead.merge_heads
 
         rows = x.reshape(-1, self.d_model)  # (N, d_model), N = all tokens
         d_rows = dy.reshape(-1, self.d_model)
-        grads = {"W_o": concat.reshape(-1, concat.shape[-1]).T @ d_rows}
+        grads = {"W_o": product(concat.reshape(-1, concat.shape[-1]).T, d_rows)}
         if len(dqkv) == 4:
             grads["sinks"] = dqkv[3]
-        dx = np.zeros_like(x)
+        dx = np.zeros(x.shape, dtype=wide)
         for name, d_proj in zip(("q", "k", "v"), dqkv[:3], strict=True):
             d_lin = merge(d_proj)  # (..., L, width)
             d_lin_rows = d_lin.reshape(-1, d_lin.shape[-1])
-            grads[f"W_{name}"] = rows.T @ d_lin_rows
+            grads[f"W_{name}"] = product(rows.T, d_lin_rows)
             if self.bias:
-                grads[f"b_{name}"] = d_lin_rows.sum(axis=0)
-            dx += d_lin @ params[f"W_{name}"].T
+                grads[f"b_{name}"] = d_lin_rows.astype(wide).sum(axis=0)
+            dx += product(d_lin, params[f"W_{name}"].T)
         if self.bias:
-            grads["b_o"] = d_rows.sum(axis=0)
-        return dx, {name: grads[name] for name in params}
+            grads["b_o"] = d_rows.astype(wide).sum(axis=0)
+        return dx.astype(x.dtype), {name: grads[name].astype(x.dtype, copy=False)
+                                    for name in params}
 
     def __repr__(self):
         return (

@@ -294,6 +294,27 @@ def test_multi_head_attention_in_half_precision(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+def test_multi_head_attention_backward_in_half_precision(dtype):
+    """The layer's backward in half precision (bfloat16 once failed: ``dy @ W_o.T`` of
+    ml_dtypes arrays is float32): every gradient in the half dtype, near the float32
+    layer's with the same parameters (products in float32, each rounded once to half)."""
+    layer = kernels.MultiHeadAttention(32, 4, n_kv_heads=2, dtype=dtype, seed=0, bias=True)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 9, 32)).astype(dtype)
+    dy = rng.standard_normal((2, 9, 32)).astype(dtype)
+    dx, grads = layer.backward(x, dy, causal=True)
+    wide = kernels.MultiHeadAttention(32, 4, n_kv_heads=2, dtype=np.float32, seed=0, bias=True)
+    for name, p in wide.parameters().items():
+        p[...] = layer.parameters()[name].astype(np.float32)
+    want_dx, want = wide.backward(x.astype(np.float32), dy.astype(np.float32), causal=True)
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    for name, got, ref in [("dx", dx, want_dx)] + [(n, grads[n], want[n]) for n in want]:
+        assert got.dtype == dtype, name
+        err = np.max(np.abs(got.astype(np.float32) - ref))
+        assert err <= 16 * eps * max(np.abs(ref).max(), 1), (name, err)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 def test_parity_with_torch_sdpa_on_the_cpu(dtype):
     torch = pytest.importorskip("torch")
     q, k, v, _ = make_inputs(Case("x", B=2, H=4, Lq=33, Lk=47, D=16), dtype)
