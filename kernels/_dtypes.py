@@ -25,10 +25,9 @@ FLOAT16 = np.dtype(np.float16)
 BFLOAT16 = None if _ml_dtypes is None else np.dtype(_ml_dtypes.bfloat16)
 #: The half dtypes available here.
 HALF_DTYPES = (FLOAT16,) if BFLOAT16 is None else (FLOAT16, BFLOAT16)
-#: The dtypes computed in their own precision (what the decode and varlen entry points
-#: take: half precision is on attention and attention_backward only, so far).
+#: The dtypes computed in their own precision (the half dtypes are computed in float32).
 FULL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-#: Every dtype q, k and v of attention and attention_backward may have.
+#: Every dtype q, k and v of every entry point may have (all three the same).
 SUPPORTED_DTYPES = FULL_DTYPES + HALF_DTYPES
 
 
