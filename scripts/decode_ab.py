@@ -27,6 +27,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from attnbench.bench.decode import random_cache  # noqa: E402
 from attnbench.measure.bandwidth import stream_reader  # noqa: E402
 from attnbench.measure.intervals import ratio_interval  # noqa: E402
 from attnbench.measure.timing import interleaved  # noqa: E402
@@ -47,18 +48,14 @@ def _cases(quick: bool):
             ("B=1 H=32 Hkv=8 page 256", 1, 32, 8, L1, 256)]
 
 
-def _problem(rng, B, H, Hkv, L, page_size, dtype, D=128):
-    if page_size is None:
-        shape, table = (B, Hkv, L, D), None
-    else:
-        per_seq = -(-L // page_size)
-        shape = (B * per_seq, Hkv, page_size, D)
-        table = rng.permutation(B * per_seq).reshape(B, per_seq)
-    k = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-    v = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-    q = rng.standard_normal((B, H, 1, D), dtype=np.float32).astype(dtype)
+def _problem(rng, B, H, Hkv, L, page_size, dtype):
+    """A validated decode step on a random cache (``dtype``), and the bytes of K and V it
+    reads."""
+    k, v, table = random_cache(rng, B, Hkv, L, page_size)
+    k, v = k.astype(dtype), v.astype(dtype)
+    q = rng.standard_normal((B, H, 1, k.shape[3]), dtype=np.float32).astype(dtype)
     problem = check_decode_args(q, k, v, cache_seqlens=np.full(B, L), block_table=table)[0]
-    return problem, 2 * k.nbytes * L * B // (shape[0] * shape[2])
+    return problem, problem.key_bytes()
 
 
 def main(argv=None) -> int:

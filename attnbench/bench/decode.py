@@ -36,8 +36,9 @@ D = 128
 PROBE = "read-bandwidth probe"
 
 
-def _cache(rng, B, Hkv, L, page_size=None):
-    """``(k_cache, v_cache, block_table)``: contiguous, or paged with shuffled pages."""
+def random_cache(rng, B, Hkv, L, page_size=None):
+    """``(k_cache, v_cache, block_table)`` of float32 normal draws, D = 128: contiguous
+    (B, Hkv, L, D), or paged (B·pages, Hkv, page_size, D) with the pages shuffled."""
     if page_size is None:
         shape, table = (B, Hkv, L, D), None
     else:
@@ -49,7 +50,9 @@ def _cache(rng, B, Hkv, L, page_size=None):
 
 
 def _decode_call(rng, B, H, Hkv, L, page_size=None, num_splits=0, cache=None):
-    k_cache, v_cache, table = cache if cache is not None else _cache(rng, B, Hkv, L, page_size)
+    if cache is None:
+        cache = random_cache(rng, B, Hkv, L, page_size)
+    k_cache, v_cache, table = cache
     q = rng.standard_normal((B, H, 1, D), dtype=np.float32)
     call = partial(kernels.attention_with_kvcache, q, k_cache, v_cache,
                    cache_seqlens=np.full(B, L), block_table=table, num_splits=num_splits,
@@ -186,4 +189,4 @@ def decode_targets(table) -> list[dict]:
     return targets
 
 
-__all__ = ["INCONCLUSIVE", "decode_section", "decode_targets"]
+__all__ = ["INCONCLUSIVE", "decode_section", "decode_targets", "random_cache"]
