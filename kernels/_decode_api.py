@@ -14,7 +14,6 @@ import numpy as np
 
 from ._decode_validate import append_to_cache, check_decode_args
 from ._dispatch import decode_module, has_real_gpu, require_cuda
-from ._dtypes import is_half
 from ._sinks import merge_sinks
 from ._validate import check_backend
 
@@ -125,7 +124,7 @@ def _resolve(backend: str, problem) -> str:
     if backend == "auto":
         big = problem.key_bytes() >= CUDA_AUTO_MIN_BYTES
         plain = problem.score_mod is None and problem.mask_mod is None
-        if big and plain and not is_half(problem.dtype) and has_real_gpu():
+        if big and plain and has_real_gpu():
             return "cuda"
         return "numba"
     if backend == "cuda":

@@ -10,7 +10,8 @@ L = 5 or 7 spans several query and key tiles with ragged tails), as ``tests/test
 - the device-array entry point with half device arrays (the weights rounded on the device);
 - PTX: the float16 and bfloat16 kernels compile (simulator off, in a subprocess) with no
   ``.f64`` instruction and with their conversions;
-- the cuda decode refuses half inputs, naming the dtype, before anything is written.
+- the cuda decode step with half caches against the oracle (lse float32, the new tokens'
+  bits as given) and beside numba's with sinks.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .support import (  # noqa: E402
     run_ptx_script,
     small_cuda_tiles,
 )
+from .test_decode import _check_against_oracle, _decode_case  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -186,18 +188,48 @@ def test_attention_device_takes_half_device_arrays(dtype):
                                   expected_out.view(np.uint16))
 
 
+#: (Lq, Lk, Lnew, H, Hkv, page_size, num_splits): tiny decode steps (a Python thread per
+#: CUDA thread in the simulator) crossing the 32-key chunks, paged and contiguous, GQA.
+DECODE_CASES = [
+    pytest.param(1, 40, 1, 4, 2, 4, 3, id="gqa-page4-split3"),
+    pytest.param(2, 37, 2, 2, 2, None, 1, id="mha-contiguous-Lnew2"),
+]
+
+
+@pytest.mark.parametrize("Lq, Lk, Lnew, H, Hkv, page_size, num_splits", DECODE_CASES)
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
-def test_cuda_decode_refuses_half_inputs_by_name_and_writes_nothing(dtype):
-    """attention_with_kvcache takes half inputs (numba, reference), but not on the cuda
-    backend yet: a ValueError naming the dtype, raised before the new token is written."""
-    q = np.ones((1, 2, 1, 4), dtype)
-    cache = np.ones((1, 2, 8, 4), dtype)
-    new = np.full((1, 2, 1, 4), 2, dtype)
-    before = cache.copy()
-    with pytest.raises(ValueError, match=f"does not decode {np.dtype(dtype)} inputs"):
-        kernels.attention_with_kvcache(q, cache, cache.copy(), new, new,
-                                       cache_seqlens=np.array([3]), backend="cuda")
-    assert cache.tobytes() == before.tobytes()
+def test_cuda_decode_half_matches_the_oracle(dtype, Lq, Lk, Lnew, H, Hkv, page_size,
+                                             num_splits):
+    """attention_with_kvcache on cuda with half caches: out in the half dtype within the half
+    tolerance of the float64 oracle, lse float32, the new tokens' bits written as given."""
+    rng = np.random.default_rng(Lk)
+    q, k_cache, v_cache, table, lengths, k_new, v_new = _decode_case(
+        rng, Lq, Lk, Lnew, H, Hkv, page_size, dtype, B=2)
+    out, lse, kc, _ = _check_against_oracle("cuda", q, k_cache, v_cache, table, lengths,
+                                            k_new, v_new, num_splits=num_splits)
+    assert out.dtype == dtype and lse.dtype == np.float32
+    assert not np.isnan(out.astype(np.float32)).any()
+    ps = k_cache.shape[2]
+    for b in range(q.shape[0]):
+        positions = lengths[b] + np.arange(Lnew)
+        pages = np.full(Lnew, b) if table is None else table[b, positions // ps]
+        assert kc[pages, :, positions % ps].tobytes() == k_new[b].transpose(1, 0, 2).tobytes()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+def test_cuda_half_decode_agrees_with_numba_and_takes_sinks(dtype):
+    """The same half step with sinks on cuda and numba: both within the oracle's half
+    tolerance (the sinks merged after the kernel), and within a few half ulps of each other."""
+    rng = np.random.default_rng(7)
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 1, 45, 0, 4, 1, 8, dtype, B=2)
+    sinks = (rng.standard_normal(4) * 2).astype(dtype)
+    cuda_out = _check_against_oracle("cuda", q, k_cache, v_cache, table, lengths, None, None,
+                                     num_splits=2, sinks=sinks)[0]
+    numba_out = _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, None, None,
+                                      num_splits=2, sinks=sinks)[0]
+    gap = np.abs(cuda_out.astype(np.float64) - numba_out.astype(np.float64))
+    ulp = np.spacing(np.abs(numba_out.astype(np.float32)).astype(dtype)).astype(np.float64)
+    assert (gap <= 2 * ulp).all(), f"cuda and numba differ by up to {(gap / ulp).max()} ulps"
 
 
 # --- PTX: the real compiler, without a GPU ------------------------------------------------
@@ -205,9 +237,9 @@ def test_cuda_decode_refuses_half_inputs_by_name_and_writes_nothing(dtype):
 def test_ptx_half_kernels_have_no_float64_instruction():
     result = run_ptx_script("""
 from kernels._dtypes import HALF_DTYPES
-from kernels.cuda import backward, source
+from kernels.cuda import backward, decode, source
 result = {}
-for module in (source, backward):
+for module in (source, backward, decode):
     for name, ptx in module.compile_ptx_all((8, 0), HALF_DTYPES).items():
         lines = [line.strip() for line in ptx.splitlines()]
         result[name] = {
@@ -222,13 +254,16 @@ for module in (source, backward):
         }
 print(json.dumps(result))
 """)
-    assert sorted(result) == sorted(f"{kind}_{dtype}" for kind in ("attention", "dkdv", "dq")
-                                    for dtype in HALF_IDS)
+    kinds = ("attention", "dkdv", "dq", "decode_splits", "decode_merge")
+    assert sorted(result) == sorted(f"{kind}_{dtype}" for kind in kinds for dtype in HALF_IDS)
     for name, info in result.items():
         assert info["entry"], name
         assert info["f64_lines"] == [], f"{name} has float64 instructions: {info['f64_lines']}"
-        assert info["u16_loads"] and info["u16_stores"], f"{name}: no 16-bit loads or stores"
+        # decode's split kernel only reads half arrays, its merge kernel only writes them
+        loads, stores = "decode_merge" not in name, "decode_splits" not in name
+        assert info["u16_loads"] == loads and info["u16_stores"] == stores, (name, info)
         is_f16 = name.endswith("_float16")
-        assert info["f16_loads"] == is_f16 and info["f16_stores"] == is_f16, (name, info)
-        if not is_f16:
+        assert info["f16_loads"] == (is_f16 and loads), (name, info)
+        assert info["f16_stores"] == (is_f16 and stores), (name, info)
+        if not is_f16 and loads:
             assert info["bf16_shifts"], f"{name} does not widen bfloat16 by a 16-bit shift"

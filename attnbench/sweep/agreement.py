@@ -166,27 +166,6 @@ def _time(case: _Case, backend: str, max_time: float) -> dict:
             **{name: extras[name] for name in TIMING_EXTRAS}}
 
 
-#: Backends that do not take the half dtypes yet (cuda: issue 25's CUDA part is not built).
-NO_HALF = ("cuda",)
-
-
-def takes_dtype(backend: str, dtype_name: str) -> bool:
-    """Whether ``backend`` takes inputs of ``dtype_name`` (the agreement grid leaves the
-    other pairs out, and :func:`run_agreement` says so).
-
-    Parameters
-    ----------
-    backend : str
-    dtype_name : str
-
-    Returns
-    -------
-    bool
-    """
-    half = dtype_name in {d.name for d in HALF_DTYPES}
-    return not (half and backend in NO_HALF)
-
-
 def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
                     max_time: float = 0.05, gemm_peaks: dict | None = None,
                     with_machine: bool = True, settle: float = SETTLE_SECONDS) -> pd.DataFrame:
@@ -234,18 +213,15 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
     backends = select_backends(backends)
     cases = _build_cases(grid, dtypes)
     results = {(index, name): _check(case, name)
-               for index, case in enumerate(cases) for name in backends
-               if takes_dtype(name, case.columns["dtype"])}
+               for index, case in enumerate(cases) for name in backends}
     for name in backends:
         time.sleep(settle)
         for index, case in enumerate(cases):
-            if (index, name) in results and not results[index, name]["error"]:
+            if not results[index, name]["error"]:
                 results[index, name].update(_time(case, name, max_time))
     rows = []
     for index, case in enumerate(cases):
         for name in backends:
-            if (index, name) not in results:
-                continue
             result = results[index, name]
             row = {**case.columns, "backend": name, "max_abs_err": result["max_abs_err"],
                    "baseline_err": case.baseline, "tolerance": case.tolerance,
@@ -332,10 +308,6 @@ def run_agreement(out: Path, *, grid: str = "default", backends=None,
     print(f"\nGrid '{grid}': {n_shapes} shape{'s' * (n_shapes != 1)} x "
           f"{len(MASK_KINDS)} mask kinds x {len(DTYPES)} dtypes, backends {', '.join(backends)}",
           flush=True)
-    for name in backends:
-        left_out = [d.name for d in HALF_DTYPES if not takes_dtype(name, d.name)]
-        if left_out:
-            print(f"({name} takes no {' or '.join(left_out)} yet: those rows are left out)")
     print(flush=True)
 
     table = agreement_table(grid, backends=backends, max_time=max_time, gemm_peaks=peaks_by_dtype)

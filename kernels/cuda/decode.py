@@ -11,7 +11,13 @@ Scope: no score or mask functions (the API raises before anything is written); t
 caches are copied to the device on each call (the host cache, written in place by the
 API, stays the one source), so on a GPU this measures copies more than the kernel.
 No warp shuffles: the same kernels run in Numba's CUDA simulator.  Constants are created
-in the input dtype (no float64 instruction in the float32 kernels: :func:`compile_ptx_all`).
+in the compute dtype (no float64 instruction in the float32 and half kernels:
+:func:`compile_ptx_all`).
+
+Half caches (float16, bfloat16) are read in their own precision, as the forward kernel
+reads them (:mod:`kernels.cuda.half`): each q, K and V element is widened to float32 as it
+is loaded (K and V once, into the shared chunk), the softmax, the split outputs and lse are
+float32, and the merged output is rounded once to the half dtype; lse stays float32.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import numpy as np
 from numba import cuda
 
 from .._decode_problem import DecodeProblem
-from .._dtypes import is_half
+from .._dtypes import FULL_DTYPES, compute_dtype
 from .device import SIMULATOR
+from .half import compute_type, conversions, kernel_view, storage_type, user_view
 from .launch import _simulator_lock
 
 #: Largest Dv (the per-thread accumulator) and most rows R per block.
@@ -41,7 +48,8 @@ MIN_KEYS_PER_SPLIT = 256
 
 def _sources(dtype):
     """``(splits, merge)``: the two kernels for ``dtype``, as plain Python functions."""
-    F = numba.from_dtype(np.dtype(dtype))
+    F = compute_type(dtype)
+    widen, narrow = conversions(dtype)
     ZERO, NEG_INF = F(0), F(-np.inf)
 
     def splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, scale, n_splits,
@@ -74,10 +82,11 @@ def _sources(dtype):
             nk = min(chunk, j_hi - j0)
             for idx in range(r, nk * D, threads):
                 j = j0 + idx // D
-                tiles[idx] = k_cache[block_table[b, j // ps], hk, j % ps, idx % D]
+                tiles[idx] = widen(k_cache[block_table[b, j // ps], hk, j % ps, idx % D])
             for idx in range(r, nk * Dv, threads):
                 j = j0 + idx // Dv
-                tiles[chunk * D + idx] = v_cache[block_table[b, j // ps], hk, j % ps, idx % Dv]
+                tiles[chunk * D + idx] = widen(
+                    v_cache[block_table[b, j // ps], hk, j % ps, idx % Dv])
             cuda.syncthreads()
             if active:
                 for kk in range(nk):
@@ -85,7 +94,7 @@ def _sources(dtype):
                         break  # hidden (and every later key): k, v not used
                     dot = ZERO
                     for d in range(D):
-                        dot += q[b, h, i, d] * tiles[kk * D + d]
+                        dot += widen(q[b, h, i, d]) * tiles[kk * D + d]
                     score = dot * scale
                     if score > row_max:
                         correction = F(math.exp(row_max - score))
@@ -124,51 +133,62 @@ def _sources(dtype):
                 top = x
         if nan or top == NEG_INF:
             for e in range(Dv):
-                out[b, h, i, e] = part_out[0, b, h, i, e] if nan else ZERO
+                out[b, h, i, e] = narrow(part_out[0, b, h, i, e] if nan else ZERO)
             lse[b, h, i] = part_lse[0, b, h, i] if nan else NEG_INF
             return
+        acc = cuda.local.array(MAX_HEAD_DIM, F)  # the output in the compute dtype
         total = ZERO
         for e in range(Dv):
-            out[b, h, i, e] = ZERO
+            acc[e] = ZERO
         for s in range(S):
             x = part_lse[s, b, h, i]
             if x > NEG_INF:  # an empty split's output is not read
                 w = F(math.exp(x - top))
                 total += w
                 for e in range(Dv):
-                    out[b, h, i, e] += w * part_out[s, b, h, i, e]
+                    acc[e] += w * part_out[s, b, h, i, e]
         for e in range(Dv):
-            out[b, h, i, e] /= total
+            out[b, h, i, e] = narrow(acc[e] / total)  # rounded once
         lse[b, h, i] = top + F(math.log(total))
 
     return splits, merge
 
 
 def _signatures(dtype):
-    F = numba.from_dtype(np.dtype(dtype))
-    a4, a5, a3 = F[:, :, :, ::1], F[:, :, :, :, ::1], F[:, :, ::1]
+    """q, the caches and the output in the storage type (bfloat16 as its bits), the split
+    outputs, lse and the scale in the compute type."""
+    F, S = compute_type(dtype), storage_type(dtype)
+    s4, f4, f5, f3 = S[:, :, :, ::1], F[:, :, :, ::1], F[:, :, :, :, ::1], F[:, :, ::1]
     i64 = numba.int64
-    splits = (a4, a4, a4, i64[:, ::1], i64[::1], i64[::1], numba.boolean, F, i64, i64, a5,
-              F[:, :, :, ::1])
-    merge = (a5, F[:, :, :, ::1], a4, a3)
+    splits = (s4, s4, s4, i64[:, ::1], i64[::1], i64[::1], numba.boolean, F, i64, i64, f5, f4)
+    merge = (f5, f4, s4, f3)
     return splits, merge
 
 
 @functools.cache
-def _kernels(dtype_name: str):
-    splits, merge = _sources(np.dtype(dtype_name))
+def _kernels(dtype: np.dtype):
+    splits, merge = _sources(dtype)
     return cuda.jit(splits), cuda.jit(merge)
 
 
-def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
-    """PTX of both decode kernels for float32 and float64 (needs NVVM, not a GPU).
+def compile_ptx_all(cc=(9, 0), dtypes=FULL_DTYPES) -> dict[str, str]:
+    """PTX of both decode kernels for each of ``dtypes`` (needs NVVM, not a GPU).
 
-    Returns ``{"decode_splits_float32": ptx, "decode_merge_float32": ptx, ...}``.
+    Parameters
+    ----------
+    cc : tuple of int, default (9, 0)
+    dtypes : sequence of dtype, default float32 and float64
+        ``kernels._dtypes.HALF_DTYPES`` for the half kernels.
+
+    Returns
+    -------
+    dict of str to str
+        ``{"decode_splits_float32": ptx, "decode_merge_float32": ptx, ...}``.
     """
     if SIMULATOR:
         raise RuntimeError("compile_ptx_all needs numba-cuda with NUMBA_ENABLE_CUDASIM unset")
     ptx = {}
-    for dtype in (np.float32, np.float64):
+    for dtype in dtypes:
         name = np.dtype(dtype).name
         for kind, source, sig in zip(("splits", "merge"), _sources(dtype), _signatures(dtype),
                                      strict=True):
@@ -179,9 +199,6 @@ def compile_ptx_all(cc=(9, 0)) -> dict[str, str]:
 def check_supported(problem: DecodeProblem) -> None:
     """ValueError for what this kernel does not do (before the API writes anything)."""
     B, H, Hkv, Lq, D, Dv = problem.shape
-    if is_half(problem.dtype):  # the API's validation refuses them first; kept as a guard
-        raise ValueError(f"backend='cuda' does not decode {problem.dtype} inputs yet (q of "
-                         f"dtype {problem.dtype}); use float32 or float64")
     if problem.score_mod is not None or problem.mask_mod is not None:
         raise ValueError("backend='cuda' decodes without score_mod and mask_mod; use "
                          "backend='numba' or 'reference' for them")
@@ -203,27 +220,29 @@ def run(problem: DecodeProblem):
     check_supported(problem)
     B, H, Hkv, Lq, D, Dv = problem.shape
     dtype = problem.dtype
+    work = compute_dtype(dtype)  # float32 for the half dtypes
     out = np.empty((B, H, Lq, Dv), dtype=dtype)
-    lse = np.empty((B, H, Lq), dtype=dtype)
+    lse = np.empty((B, H, Lq), dtype=work)
     if B * H * Lq == 0:
         return out, lse
     n_splits = choose_splits(problem)
-    chunk = max(1, min(32, SHARED_BYTES // (dtype.itemsize * (D + Dv))))
+    chunk = max(1, min(32, SHARED_BYTES // (work.itemsize * (D + Dv))))
     rows = H // Hkv * Lq
     threads = min(MAX_ROWS, -(-rows // 32) * 32)
-    splits, merge = _kernels(dtype.name)
+    splits, merge = _kernels(dtype)
     with _simulator_lock:
-        args = [cuda.to_device(x) for x in (problem.q, problem.k_cache, problem.v_cache,
-                                            problem.block_table, problem.seqlens,
-                                            problem.q_start)]
-        part_out = cuda.device_array((n_splits, B, H, Lq, Dv), dtype=dtype)
-        part_lse = cuda.device_array((n_splits, B, H, Lq), dtype=dtype)
-        shared = chunk * (D + Dv) * dtype.itemsize
+        args = [cuda.to_device(kernel_view(x)) for x in (problem.q, problem.k_cache,
+                                                         problem.v_cache)]
+        args += [cuda.to_device(x) for x in (problem.block_table, problem.seqlens,
+                                             problem.q_start)]
+        part_out = cuda.device_array((n_splits, B, H, Lq, Dv), dtype=work)
+        part_lse = cuda.device_array((n_splits, B, H, Lq), dtype=work)
+        shared = chunk * (D + Dv) * work.itemsize
         splits[B * Hkv * n_splits, threads, 0, shared](
-            *args, problem.causal, dtype.type(problem.scale), n_splits, chunk, part_out,
+            *args, problem.causal, work.type(problem.scale), n_splits, chunk, part_out,
             part_lse)
-        out_d = cuda.device_array((B, H, Lq, Dv), dtype=dtype)
-        lse_d = cuda.device_array((B, H, Lq), dtype=dtype)
+        out_d = cuda.device_array((B, H, Lq, Dv), dtype=kernel_view(out).dtype)
+        lse_d = cuda.device_array((B, H, Lq), dtype=work)
         n_rows = B * H * Lq
         merge[-(-n_rows // 128), 128](part_out, part_lse, out_d, lse_d)
-        return out_d.copy_to_host(), lse_d.copy_to_host()
+        return user_view(out_d.copy_to_host(), dtype), lse_d.copy_to_host()
