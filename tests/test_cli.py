@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import ml_dtypes
-import numpy as np
 import pandas as pd
 import pytest
 

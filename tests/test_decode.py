@@ -20,7 +20,7 @@ from tests.support import COMPARISONS
 D, DV = 24, 16
 
 
-def make_cache(rng, B, Hkv, capacity, page_size, dtype, fill=np.nan):
+def make_cache(rng, B, Hkv, capacity, page_size, dtype, fill=np.nan, D=D, DV=DV):
     """``(k_cache, v_cache, block_table)``: contiguous (page_size None) or paged with the
     pages of all sequences shuffled (and two spare pages); every slot holds ``fill`` until
     :func:`fill_prefix` writes the cached tokens."""
@@ -43,8 +43,8 @@ def fill_prefix(rng, k_cache, v_cache, table, lengths):
     for b, n in enumerate(lengths):
         for j in range(n):
             page = b if table is None else table[b, j // ps]
-            k_cache[page, :, j % ps] = rng.standard_normal(k_cache.shape[1:2] + (D,))
-            v_cache[page, :, j % ps] = rng.standard_normal(v_cache.shape[1:2] + (DV,))
+            k_cache[page, :, j % ps] = rng.standard_normal(k_cache.shape[1:2] + k_cache.shape[3:])
+            v_cache[page, :, j % ps] = rng.standard_normal(v_cache.shape[1:2] + v_cache.shape[3:])
 
 
 #: (Lq, Lk: the longest sequence's keys, Lnew, H, Hkv, page_size, num_splits, mods)
@@ -67,11 +67,11 @@ def _mods(which, H):
     return dict(mask_mod=window, score_mod=alibi)
 
 
-def _decode_case(rng, Lq, Lk, Lnew, H, Hkv, page_size, dtype, B=3):
+def _decode_case(rng, Lq, Lk, Lnew, H, Hkv, page_size, dtype, B=3, D=D, DV=DV):
     """Inputs: cache_seqlens per sequence (one of them 0 unless Lq > Lnew needs keys)."""
     capacity = Lk + 7
     lengths = np.array([Lk - Lnew, 0, rng.integers(0, Lk - Lnew + 1)][:B])
-    k_cache, v_cache, table = make_cache(rng, B, Hkv, capacity, page_size, dtype)
+    k_cache, v_cache, table = make_cache(rng, B, Hkv, capacity, page_size, dtype, D=D, DV=DV)
     fill_prefix(rng, k_cache, v_cache, table, lengths)
     q = rng.standard_normal((B, H, Lq, D)).astype(dtype)
     k_new = rng.standard_normal((B, Hkv, Lnew, D)).astype(dtype) if Lnew else None

@@ -16,6 +16,7 @@ import pytest
 
 from attnbench.measure.oracle import tolerance
 from kernels.numba_cpu import micro as mk
+from kernels.numba_cpu.products import tile_product
 
 from .support import COMPARISONS, max_error, oracle
 
@@ -112,9 +113,9 @@ def test_tile_product_is_a_register_block():
     @numba.njit
     def run(a, b, c, accumulate):
         if accumulate:
-            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, True)
+            tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, True)
         else:
-            mk.tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, False)
+            tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, False)
     A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (56, 8))
     B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (72, 8))
     before = c.copy()

@@ -29,8 +29,25 @@ _BF16 = types.uint16  # the bits of a bfloat16
 _F16 = types.int16  # the bits of a float16
 
 
-def _is_half_bits(dtype) -> bool:
+def is_half_bits(dtype) -> bool:
+    """Whether the Numba dtype ``dtype`` holds half bits (a bfloat16's or a float16's), for
+    overloads that choose their code by type."""
     return dtype in (_BF16, _F16)
+
+
+def widen_vector_ir(builder, bits, dtype):
+    """LLVM IR: a vector of half bits (``<n x i16>``, Numba dtype ``dtype``: uint16 for
+    bfloat16, int16 for float16) as ``<n x float>``, each lane widened as :func:`widen`
+    widens one element (exact)."""
+    n = bits.type.count
+    if dtype == _BF16:
+        wide = builder.zext(bits, ir.VectorType(ir.IntType(32), n))
+        wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), n), [16] * n))
+        return builder.bitcast(wide, ir.VectorType(ir.FloatType(), n))
+    if dtype == _F16:
+        halves = builder.bitcast(bits, ir.VectorType(ir.HalfType(), n))
+        return builder.fpext(halves, ir.VectorType(ir.FloatType(), n))
+    raise TypeError(f"{dtype} holds no half bits")
 
 
 @intrinsic
@@ -126,7 +143,7 @@ def compute_zero(x):
 
 @overload(compute_zero, inline="always")
 def _compute_zero_overload(x):
-    if _is_half_bits(x.dtype):
+    if is_half_bits(x.dtype):
         return lambda x: np.float32(0)
     return lambda x: np.zeros(1, dtype=x.dtype)[0]
 
@@ -139,7 +156,7 @@ def compute_dtype_of(x):
 
 @overload(compute_dtype_of, inline="always")
 def _compute_dtype_of_overload(x):
-    if _is_half_bits(x.dtype):
+    if is_half_bits(x.dtype):
         return lambda x: np.float32
     return lambda x: x.dtype
 
@@ -152,7 +169,7 @@ def half_scratch(x, size):
 
 @overload(half_scratch, inline="always")
 def _half_scratch_overload(x, size):
-    if _is_half_bits(x.dtype):
+    if is_half_bits(x.dtype):
         return lambda x, size: np.empty(size, dtype=np.float32)
     return lambda x, size: np.empty(0, dtype=x.dtype)
 
@@ -166,7 +183,7 @@ def widen_tile(src, scratch):
 
 @overload(widen_tile, inline="always")
 def _widen_tile_overload(src, scratch):
-    if _is_half_bits(src.dtype):
+    if is_half_bits(src.dtype):
         def fill(src, scratch):
             n, m = src.shape
             tile = scratch[:n * m].reshape((n, m))

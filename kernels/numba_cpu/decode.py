@@ -42,10 +42,12 @@ from .._dtypes import bits_view, compute_dtype
 from .._jit.half import compute_dtype_of, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants
+from .._jit.prefetch import prefetch_rows
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
+from .decode_products import NR, chunk_scores, chunk_values
 from .forward import mod_functions
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
@@ -134,6 +136,8 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
     R = G * Lq  # rows of a task: r = g·Lq + i is query i of head hk·G + g
     ct = compute_dtype_of(q)
     zero, one, neg_inf = float_constants(scale)
+    products = D % NR == 0 and Dv % NR == 0  # the register-blocked products
+    kf, vf = k_cache.reshape(k_cache.size), v_cache.reshape(v_cache.size)
     for task in prange(B * Hkv * n_splits):
         b = task // (Hkv * n_splits)
         hk = (task // n_splits) % Hkv
@@ -142,17 +146,21 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         per = (n + n_splits - 1) // n_splits
         j_lo = min(s * per, n)
         j_hi = min(j_lo + per, n)
-        qs = np.empty((R, D), dtype=ct)  # the group's queries, rows r = g·Lq + i
+        qf = np.empty(R * D, dtype=ct)  # the group's queries, rows r = g·Lq + i
+        qs = qf.reshape((R, D))
         for r in range(R):
             for d in range(D):
                 qs[r, d] = widen(q[b, hk * G + r // Lq, r % Lq, d])
-        acc = np.zeros((R, Dv), dtype=ct)
+        af = np.zeros(R * Dv, dtype=ct)
+        acc = af.reshape((R, Dv))
         row_max = np.full(R, neg_inf, dtype=ct)
         row_sum = np.zeros(R, dtype=ct)
-        scores = np.empty((R, CHUNK), dtype=ct)
+        sf = np.empty(R * CHUNK, dtype=ct)
+        scores = sf.reshape((R, CHUNK))
         seen = np.empty((R, CHUNK), dtype=np.bool_)
         row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
         row_slot = np.empty(CHUNK, dtype=np.int64)
+        rows = np.empty(CHUNK, dtype=np.int64)  # where each key's row starts in kf (vf)
         for j0 in range(j_lo, j_hi, CHUNK):
             j1 = min(j0 + CHUNK, j_hi)
             nk = j1 - j0
@@ -170,14 +178,27 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
             # Every pair of the chunk visible (no mask function, before the first query's
             # causal limit): the loops without the per-pair tests.
             if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
-                _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
+                if products:
+                    for jj in range(nk):  # the values' lines start loading now, in order
+                        prefetch_rows(vf, ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * Dv,
+                                      1, Dv)
+                    for jj in range(nk):
+                        rows[jj] = ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * D
+                    chunk_scores(qf, kf, rows, nk, R, D, scale, sf, CHUNK)
+                else:
+                    _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
                     for r in range(R):
                         for jj in range(nk):
                             scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
                                                      q_start[b] + r % Lq, j0 + jj, score_args)
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
-                _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
+                if products:
+                    for jj in range(nk):
+                        rows[jj] = ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * Dv
+                    chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, af)
+                else:
+                    _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
             else:
                 for jj in range(nk):
                     j = j0 + jj

@@ -19,12 +19,10 @@ it is copied into a zero-padded block and walks the keys in tiles of ``block_k``
                               no fastmath on the -inf paths)
     acc = acc · c + P · V    by ``mr`` x ``nr`` register blocks, accumulating into acc
 
-Both products are one micro-kernel (:func:`tile_product`): ``mr`` accumulators of ``nr``
-lanes held in vector registers across the whole depth, one vector load of the packed
-operand and ``mr`` broadcasts per step, one fused multiply-add per accumulator.  It is
-written in LLVM IR (``<nr x float>`` vectors) because LLVM does not keep loop-carried
-array accumulators in registers when Numba's loops are vectorised; LLVM splits the
-vectors into the machine's registers (``nr = 32`` float32 is two zmm or four ymm).
+Both products are one micro-kernel (:func:`kernels.numba_cpu.products.tile_product`):
+``mr`` accumulators of ``nr`` lanes held in vector registers across the whole depth, one
+vector load of the packed operand and ``mr`` broadcasts per step, one fused multiply-add
+per accumulator, written in LLVM IR (see that module).
 
 The register block is a compile-time constant (a Numba literal), so every kernel is an
 ordinary module-level function cached on disk (``cache=True``): one specialisation per
@@ -39,20 +37,16 @@ value never reaches an output.
 
 from __future__ import annotations
 
-import functools
-
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import literally, njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from .._validate import check_attention_args
+from .products import tile_product
 
-__all__ = ["CONFIGS", "attention", "run", "tile_product"]
+__all__ = ["CONFIGS", "attention", "run"]
 
 #: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators); the
 #: first is the default.  Two per dtype: the four measured in docs/gemm-floor.md were within
@@ -66,74 +60,6 @@ BLOCK_Q = 64
 BLOCK_K = 256
 #: Key heads per Numba thread from which :func:`run` fuses packing into the task loop.
 FUSE_TASKS_PER_THREAD = 4
-
-
-def _literal(ty, kind):
-    return ty.literal_value if isinstance(ty, kind) else None
-
-
-@intrinsic
-def tile_product(typingctx, a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate):
-    """``tile_product(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)``.
-
-    For 1-D arrays ``a``, ``b``, ``c`` of one float dtype, it sets (``accumulate``: adds
-    to) ``c[c0 + r·ldc + j]`` the sum over ``t < depth`` of ``a[a0 + r·lda + t] · b[b0 +
-    t·ldb + j]`` for ``r < mr``, ``j < nr``, summing in order of ``t`` with one fused
-    multiply-add per term (``llvm.fmuladd``).  ``mr``, ``nr`` and ``accumulate`` must be
-    compile-time constants (Numba literals: constants in the calling code, or arguments
-    made literal by ``numba.literally``): they shape the generated code, so the callers
-    are ordinary module-level functions that Numba caches on disk.  No bounds checks: the
-    caller guarantees that every index is inside its array.
-    """
-    arrays, ints = (a, b, c), (a0, lda, b0, ldb, c0, ldc, depth)
-    blocks = (_literal(mr, types.IntegerLiteral), _literal(nr, types.IntegerLiteral),
-              _literal(accumulate, types.BooleanLiteral))
-    if not all(isinstance(x, types.Array) and x.dtype == a.dtype for x in arrays):
-        return None
-    if a.dtype not in (types.float32, types.float64) or None in blocks:
-        return None
-    if not all(isinstance(n, types.Integer) for n in ints):
-        return None
-    sig = types.void(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)
-    return sig, functools.partial(_product_codegen, *blocks)
-
-
-def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
-    """LLVM IR of :func:`tile_product` for one register block."""
-    ty = signature.args
-    i64 = ir.IntType(64)
-    n = [context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 5, 7, 8, 9)]
-    a_off, lda_, b_off, ldb_, c_off, ldc_, depth_ = n
-    elem = context.get_value_type(ty[0].dtype)
-    vec = ir.VectorType(elem, nr)
-    align = context.get_abi_sizeof(elem)
-    pa, pb, pc = (builder.gep(context.make_array(ty[k])(context, builder, args[k]).data,
-                              [off]) for k, off in ((0, a_off), (3, b_off), (6, c_off)))
-    fmuladd = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{nr}f{8 * align}")
-    rows_c = [builder.bitcast(builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]),
-                              vec.as_pointer()) for r in range(mr)]
-    accs = []
-    for r in range(mr):  # entry-block allocas: promoted to registers by mem2reg
-        slot = cgutils.alloca_once(builder, vec)
-        init = builder.load(rows_c[r], align=align) if accumulate else ir.Constant(vec, None)
-        builder.store(init, slot)
-        accs.append(slot)
-    rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
-    lanes = ir.Constant(ir.VectorType(ir.IntType(32), nr), [0] * nr)
-    undef = ir.Constant(vec, ir.Undefined)
-    with cgutils.for_range(builder, depth_) as loop:
-        t = loop.index
-        bv = builder.load(builder.bitcast(builder.gep(pb, [builder.mul(t, ldb_)]),
-                                          vec.as_pointer()), align=align)
-        for r in range(mr):
-            x = builder.load(builder.gep(rows_a[r], [t]))
-            xs = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
-            xs = builder.shuffle_vector(xs, undef, lanes)
-            builder.store(builder.call(fmuladd, [xs, bv, builder.load(accs[r])]), accs[r])
-    for r in range(mr):
-        builder.store(builder.load(accs[r]), rows_c[r], align=align)
-    return context.get_dummy_value()
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)

@@ -1,0 +1,188 @@
+"""Register-blocked products in LLVM IR: the numba backend's micro-kernels.
+
+LLVM does not keep loop-carried array accumulators in vector registers when Numba's loops
+are vectorised, so the two products the fast paths need are written as Numba intrinsics
+that hold ``mr`` accumulators of ``nr`` lanes (``<nr x float>``: LLVM splits them into the
+machine's registers) across a whole depth, one fused multiply-add per accumulator and step:
+
+- :func:`tile_product`: ``C[mr, nr] (+)= A[mr, depth] · B[depth, nr]``, one vector load of
+  a B row and ``mr`` broadcasts of A per step (the forward micro-kernel's both products,
+  :mod:`kernels.numba_cpu.micro`; the decode kernel's ``P · V``);
+- :func:`row_dots`: ``c[r] = A[r, :depth] · b`` for ``mr`` rows sharing one vector ``b``,
+  ``nr`` lanes a step, the lanes added pairwise at the end (the decode kernel's scores,
+  one key row at a time, in address order).
+
+In both, B may hold half bits (``uint16`` bfloat16, ``int16`` float16) where A and C are
+float32: each loaded vector is widened in registers
+(:func:`kernels._jit.half.widen_vector_ir`), so a half cache is never copied.  ``mr``,
+``nr`` (and ``accumulate``) are compile-time constants (Numba literals): they shape the
+generated code, so the callers are ordinary module-level functions Numba caches on disk.
+No bounds checks: the caller guarantees every index is inside its array.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._jit.half import is_half_bits, widen_vector_ir
+
+__all__ = ["row_dots", "tile_product"]
+
+
+def _literal(ty, kind):
+    return ty.literal_value if isinstance(ty, kind) else None
+
+
+def _operands_ok(a, b, c) -> bool:
+    """A and C of one float dtype; B of it too, or half bits with float32 A and C."""
+    if not all(isinstance(x, types.Array) for x in (a, b, c)):
+        return False
+    if a.dtype not in (types.float32, types.float64) or c.dtype != a.dtype:
+        return False
+    return b.dtype == a.dtype or (is_half_bits(b.dtype) and a.dtype == types.float32)
+
+
+def _pointer(context, builder, ty, value, offset):
+    """The address of flat element ``offset`` of array ``value`` (of Numba type ``ty``)."""
+    return builder.gep(context.make_array(ty)(context, builder, value).data, [offset])
+
+
+def _vector_loader(context, builder, b_type, nr, align):
+    """``load(pointer)``: ``nr`` consecutive elements of B from ``pointer`` as a vector of
+    the compute type (half bits widened in registers)."""
+    if is_half_bits(b_type.dtype):
+        bits = ir.VectorType(ir.IntType(16), nr)
+        return lambda ptr: widen_vector_ir(
+            builder, builder.load(builder.bitcast(ptr, bits.as_pointer()), align=2), b_type.dtype)
+    vec = ir.VectorType(context.get_value_type(b_type.dtype), nr)
+    return lambda ptr: builder.load(builder.bitcast(ptr, vec.as_pointer()), align=align)
+
+
+def _fmuladd(context, builder, elem, nr, align):
+    vec = ir.VectorType(elem, nr)
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{nr}f{8 * align}")
+
+
+def _accumulators(builder, vec, mr, initial=None):
+    """``mr`` entry-block allocas of ``vec`` (promoted to registers by mem2reg), zero or
+    ``initial[r]``."""
+    slots = []
+    for r in range(mr):
+        slot = cgutils.alloca_once(builder, vec)
+        builder.store(initial[r] if initial else ir.Constant(vec, None), slot)
+        slots.append(slot)
+    return slots
+
+
+@intrinsic
+def tile_product(typingctx, a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate):
+    """``tile_product(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)``.
+
+    For 1-D arrays ``a``, ``b``, ``c`` of one float dtype (``b`` may hold half bits where
+    the others are float32), it sets (``accumulate``: adds to) ``c[c0 + r·ldc + j]`` the
+    sum over ``t < depth`` of ``a[a0 + r·lda + t] · b[b0 + t·ldb + j]`` for ``r < mr``,
+    ``j < nr``, summing in order of ``t`` with one fused multiply-add per term
+    (``llvm.fmuladd``).  ``mr``, ``nr`` and ``accumulate`` must be compile-time constants.
+    """
+    ints = (a0, lda, b0, ldb, c0, ldc, depth)
+    blocks = (_literal(mr, types.IntegerLiteral), _literal(nr, types.IntegerLiteral),
+              _literal(accumulate, types.BooleanLiteral))
+    if not _operands_ok(a, b, c) or None in blocks:
+        return None
+    if not all(isinstance(n, types.Integer) for n in ints):
+        return None
+    sig = types.void(a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, accumulate)
+    return sig, functools.partial(_product_codegen, *blocks)
+
+
+def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
+    """LLVM IR of :func:`tile_product` for one register block."""
+    ty = signature.args
+    i64 = ir.IntType(64)
+    n = [context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 5, 7, 8, 9)]
+    a_off, lda_, b_off, ldb_, c_off, ldc_, depth_ = n
+    elem = context.get_value_type(ty[0].dtype)
+    vec = ir.VectorType(elem, nr)
+    align = context.get_abi_sizeof(elem)
+    pa, pb, pc = (_pointer(context, builder, ty[k], args[k], off)
+                  for k, off in ((0, a_off), (3, b_off), (6, c_off)))
+    load_b = _vector_loader(context, builder, ty[3], nr, align)
+    fmuladd = _fmuladd(context, builder, elem, nr, align)
+    rows_c = [builder.bitcast(builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]),
+                              vec.as_pointer()) for r in range(mr)]
+    initial = [builder.load(row, align=align) for row in rows_c] if accumulate else None
+    accs = _accumulators(builder, vec, mr, initial)
+    rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), nr), [0] * nr)
+    undef = ir.Constant(vec, ir.Undefined)
+    with cgutils.for_range(builder, depth_) as loop:
+        t = loop.index
+        bv = load_b(builder.gep(pb, [builder.mul(t, ldb_)]))
+        for r in range(mr):
+            x = builder.load(builder.gep(rows_a[r], [t]))
+            xs = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+            xs = builder.shuffle_vector(xs, undef, lanes)
+            builder.store(builder.call(fmuladd, [xs, bv, builder.load(accs[r])]), accs[r])
+    for r in range(mr):
+        builder.store(builder.load(accs[r]), rows_c[r], align=align)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def row_dots(typingctx, a, a0, lda, b, b0, c, c0, ldc, depth, mr, nr):
+    """``row_dots(a, a0, lda, b, b0, c, c0, ldc, depth, mr, nr)``.
+
+    Sets ``c[c0 + r·ldc]`` to the sum over ``t < depth`` of ``a[a0 + r·lda + t] ·
+    b[b0 + t]`` for ``r < mr``: ``mr`` dot products sharing the vector ``b`` (which may
+    hold half bits where ``a`` and ``c`` are float32).  The sum runs in ``nr`` lanes (one
+    fused multiply-add per ``nr`` terms and row), then the lanes are added pairwise
+    (halves, quarters, ...).  ``depth`` must be a multiple of ``nr``, a power of two.
+    """
+    ints = (a0, lda, b0, c0, ldc, depth)
+    blocks = (_literal(mr, types.IntegerLiteral), _literal(nr, types.IntegerLiteral))
+    if not _operands_ok(a, b, c) or None in blocks or blocks[1] & (blocks[1] - 1):
+        return None
+    if not all(isinstance(n, types.Integer) for n in ints):
+        return None
+    sig = types.void(a, a0, lda, b, b0, c, c0, ldc, depth, mr, nr)
+    return sig, functools.partial(_row_dots_codegen, *blocks)
+
+
+def _row_dots_codegen(mr, nr, context, builder, signature, args):
+    """LLVM IR of :func:`row_dots` for one block of rows."""
+    ty = signature.args
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    a_off, lda_, b_off, c_off, ldc_, depth_ = (
+        context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 6, 7, 8))
+    elem = context.get_value_type(ty[0].dtype)
+    vec = ir.VectorType(elem, nr)
+    align = context.get_abi_sizeof(elem)
+    pa, pb, pc = (_pointer(context, builder, ty[k], args[k], off)
+                  for k, off in ((0, a_off), (3, b_off), (5, c_off)))
+    load_b = _vector_loader(context, builder, ty[3], nr, align)
+    fmuladd = _fmuladd(context, builder, elem, nr, align)
+    rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
+    accs = _accumulators(builder, vec, mr)
+    with cgutils.for_range(builder, builder.udiv(depth_, ir.Constant(i64, nr))) as loop:
+        t = builder.mul(loop.index, ir.Constant(i64, nr))
+        bv = load_b(builder.gep(pb, [t]))
+        for r in range(mr):
+            av = builder.load(builder.bitcast(builder.gep(rows_a[r], [t]), vec.as_pointer()),
+                              align=align)
+            builder.store(builder.call(fmuladd, [av, bv, builder.load(accs[r])]), accs[r])
+    for r in range(mr):
+        total, width = builder.load(accs[r]), nr
+        while width > 1:  # pairwise: lanes [0, w/2) + [w/2, w)
+            width //= 2
+            halves = [builder.shuffle_vector(total, total, ir.Constant(
+                ir.VectorType(i32, width), list(range(lo, lo + width)))) for lo in (0, width)]
+            total = builder.fadd(*halves)
+        scalar = builder.extract_element(total, ir.Constant(i32, 0))
+        builder.store(scalar, builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]))
+    return context.get_dummy_value()

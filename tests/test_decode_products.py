@@ -1,0 +1,103 @@
+"""The numba decode kernel's register-blocked products (``kernels/numba_cpu/decode_products.py``).
+
+They run on fully visible chunks where D and Dv are multiples of 16 (the other decode tests
+use D = 24, the plain loops).  Against the float64 oracle under the tolerance rule: row
+counts R = G·Lq that are and are not multiples of the 4-row block (1, 3, 4, 5, 8), runs of
+keys cut by pages of 1, 4 and 16 keys or none (contiguous), chunks of 64 keys with ragged
+tails, causal queries (the chunk holding the new tokens takes the per-pair loops), splits,
+every dtype (half caches widened in registers); a score_mod on the product path; NaN
+past each sequence changes no output bit; and the ``row_dots`` product itself against NumPy.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import njit
+
+from kernels import mods
+from kernels.numba_cpu.products import row_dots
+
+from .test_decode import _check_against_oracle, _decode_case, fill_prefix
+
+#: Head sizes on the product path (multiples of 16, D != Dv).
+PD, PDV = 32, 48
+
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
+          np.dtype(ml_dtypes.bfloat16)]
+DTYPE_IDS = ["float32", "float64", "float16", "bfloat16"]
+
+#: (Lq, Lk, Lnew, H, Hkv, page_size, num_splits): R = H / Hkv · Lq rows per task.
+CASES = [
+    pytest.param(1, 200, 1, 4, 4, None, 0, id="R1-mha-contiguous"),
+    pytest.param(3, 150, 3, 2, 2, 4, 2, id="R3-page4-causal"),
+    pytest.param(1, 339, 1, 8, 2, 16, 2, id="R4-gqa-page16-split2"),
+    pytest.param(1, 131, 0, 5, 1, 1, 1, id="R5-mqa-page1"),
+    pytest.param(2, 257, 2, 8, 2, None, 3, id="R8-gqa-contiguous-Lnew2-split3"),
+]
+
+
+@pytest.mark.parametrize("Lq, Lk, Lnew, H, Hkv, page_size, num_splits", CASES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_product_path_matches_the_oracle(dtype, Lq, Lk, Lnew, H, Hkv, page_size, num_splits):
+    rng = np.random.default_rng(Lk + H)
+    q, k_cache, v_cache, table, lengths, k_new, v_new = _decode_case(
+        rng, Lq, Lk, Lnew, H, Hkv, page_size, dtype, D=PD, DV=PDV)
+    out, lse, _, _ = _check_against_oracle("numba", q, k_cache, v_cache, table, lengths,
+                                           k_new, v_new, num_splits=num_splits)
+    assert out.shape == (3, H, Lq, PDV)
+    assert not np.isnan(out.astype(np.float64)).any()  # NaN fills every slot past the keys
+
+
+def test_product_path_applies_a_score_mod():
+    rng = np.random.default_rng(5)
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(
+        rng, 1, 300, 0, 8, 2, 16, np.float32, D=PD, DV=PDV)
+    lengths = np.maximum(lengths, 1)  # mods need every query at a position >= 0
+    fill_prefix(rng, k_cache, v_cache, table, lengths)
+    _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, None, None,
+                          num_splits=2, score_mod=mods.alibi(np.linspace(0.05, 0.5, 8)))
+
+
+@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
+def test_nan_past_the_sequence_changes_no_bit_on_the_product_path(dtype):
+    import kernels
+
+    rng = np.random.default_rng(2)
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(
+        rng, 1, 200, 0, 8, 2, 4, dtype, D=PD, DV=PDV)
+    finite_k = np.where(np.isnan(k_cache.astype(np.float32)), dtype.type(1e3), k_cache)
+    finite_v = np.where(np.isnan(v_cache.astype(np.float32)), dtype.type(-7.0), v_cache)
+    outs = [kernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table,
+                                           num_splits=2, backend="numba", return_lse=True)
+            for kc, vc in ((k_cache, v_cache), (finite_k, finite_v))]
+    assert outs[0][0].tobytes() == outs[1][0].tobytes()
+    assert outs[0][1].tobytes() == outs[1][1].tobytes()
+
+
+@njit(cache=True)
+def _dots(a, b, b0, rows, depth):
+    c = np.full(rows * 3, -1.0, dtype=a.dtype)  # ldc = 3: the entries between stay -1
+    r = 0
+    while r + 4 <= rows:
+        row_dots(a, r * depth, depth, b, b0, c, r * 3, 3, depth, 4, 16)
+        r += 4
+    while r < rows:
+        row_dots(a, r * depth, depth, b, b0, c, r * 3, 3, depth, 1, 16)
+        r += 1
+    return c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, depth", [(1, 16), (5, 64), (8, 128), (4, 0)])
+def test_row_dots_are_the_dot_products(dtype, rows, depth):
+    rng = np.random.default_rng(rows + depth)
+    a = rng.standard_normal(rows * depth).astype(dtype)
+    b = rng.standard_normal(depth + 7).astype(dtype)
+    c = _dots(a, b, 7, rows, depth)
+    expected = a.reshape(rows, depth).astype(np.float64) @ b[7:].astype(np.float64)
+    eps = np.finfo(dtype).eps
+    bound = 2 * depth * eps * (np.abs(a.reshape(rows, depth)) @ np.abs(b[7:])) + 1e-300
+    assert (np.abs(c[::3] - expected) <= bound).all()
+    assert (c.reshape(rows, 3)[:, 1:] == -1).all()  # nothing written between the rows
