@@ -5,12 +5,12 @@ beside the read-bandwidth probe: decode's targets (docs/guide/decode.md) for bot
 
 The old ``kernels/numba_cpu/decode.py`` is taken from git (``git show OLD:...``), written
 beside today's as ``kernels/numba_cpu/_ab_old_decode.py`` (removed at the end) and run
-through the same :class:`kernels._decode_problem.DecodeProblem` (float32 and float64 only:
-older kernels take no half caches).  Every call of every case is timed in the same
-interleaved rounds (``attnbench.measure.timing.interleaved``, a pause after each call);
-the table gives medians, GB/s of K and V read (the read bandwidth probe's own GB/s in
-its row), and new/old with the 95% bootstrap interval of the ratio of medians.  The bf16
-rows time today's kernel on bfloat16 caches of the same shape (half the bytes).
+through the same :class:`kernels._decode_problem.DecodeProblem`. Every call of every case
+is timed in the same interleaved rounds (``attnbench.measure.timing.interleaved``, a pause
+after each call); the table gives medians, GB/s of K and V read (the read bandwidth probe's
+own GB/s in its row), and new/old with the 95% bootstrap interval of the ratio of medians.
+The bf16 rows time both kernels on bfloat16 caches of the same shape (half the bytes); an
+old kernel that refuses half caches (before 1b303da) has no old bf16 row.
 """
 
 from __future__ import annotations
@@ -83,8 +83,13 @@ def main(argv=None) -> int:
                 nbytes[f"{name} {label}"] = kv_bytes
             if page_size is None and B == 1 and H == 32:
                 half, half_bytes = _problem(rng, B, H, Hkv, L, None, as_dtype("bfloat16"))
-                calls[f"{name} bf16 new"] = lambda p=half: new_decode.run(p)
-                nbytes[f"{name} bf16 new"] = half_bytes
+                for label, module in (("old", old_decode), ("new", new_decode)):
+                    try:
+                        module.run(half)
+                    except (TypeError, ValueError, NotImplementedError):
+                        continue  # an old kernel without half caches
+                    calls[f"{name} bf16 {label}"] = (lambda m=module, p=half: m.run(p))
+                    nbytes[f"{name} bf16 {label}"] = half_bytes
         for call in calls.values():
             call()  # compiles
         timings = interleaved(calls, rounds=args.rounds, settle=args.settle)
@@ -114,9 +119,15 @@ def main(argv=None) -> int:
             ratio, low, high = ratio_interval(timings[f"{first} page {page} {label}"].samples,
                                               timings[f"{first} {label}"].samples)
             print(f"  page {page} over contiguous, {label}: {ratio:.2f} [{low:.2f}, {high:.2f}]")
-    ratio, low, high = ratio_interval(timings[f"{first} new"].samples,
-                                      timings[f"{first} bf16 new"].samples)
-    print(f"  float32 over bfloat16 (new): {ratio:.2f} [{low:.2f}, {high:.2f}]")
+    for label in ("old", "new"):
+        if f"{first} bf16 {label}" in timings:
+            ratio, low, high = ratio_interval(timings[f"{first} {label}"].samples,
+                                              timings[f"{first} bf16 {label}"].samples)
+            print(f"  float32 over bfloat16, {label}: {ratio:.2f} [{low:.2f}, {high:.2f}]")
+    if f"{first} bf16 old" in timings:
+        ratio, low, high = ratio_interval(timings[f"{first} bf16 new"].samples,
+                                          timings[f"{first} bf16 old"].samples)
+        print(f"  bfloat16 new / old: {ratio:.2f} [{low:.2f}, {high:.2f}]")
     return 0
 
 

@@ -1,12 +1,13 @@
 """The numba decode kernel's register-blocked products (``kernels/numba_cpu/decode_products.py``).
 
-They run on fully visible chunks where D and Dv are multiples of 16 (the other decode tests
-use D = 24, the plain loops).  Against the float64 oracle under the tolerance rule: row
-counts R = G·Lq that are and are not multiples of the 4-row block (1, 3, 4, 5, 8), runs of
-keys cut by pages of 1, 4 and 16 keys or none (contiguous), chunks of 64 keys with ragged
-tails, causal queries (the chunk holding the new tokens takes the per-pair loops), splits,
-every dtype (half caches widened in registers); a score_mod on the product path; NaN
-past each sequence changes no output bit; and the ``row_dots`` product itself against NumPy.
+They run on fully visible chunks of half caches where D and Dv are multiples of 16 (float
+caches, and the other decode tests' D = 24, take the plain loops). Against the float64
+oracle under the tolerance rule: row counts R = G·Lq that are and are not multiples of the
+4-row block (1, 3, 4, 5, 8), runs of keys cut by pages of 1, 4 and 16 keys or none
+(contiguous), chunks of 64 keys with ragged tails, causal queries (the chunk holding the
+new tokens takes the per-pair loops), splits, float16 and bfloat16 (widened in registers);
+a score_mod on the product path; NaN past each sequence changes no output bit; and the
+``row_dots`` product itself against NumPy.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 #: Head sizes on the product path (multiples of 16, D != Dv).
 PD, PDV = 32, 48
 
-DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
-          np.dtype(ml_dtypes.bfloat16)]
-DTYPE_IDS = ["float32", "float64", "float16", "bfloat16"]
+#: The caches that take the products (float caches keep the plain loops).
+DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+DTYPE_IDS = ["float16", "bfloat16"]
 
 #: (Lq, Lk, Lnew, H, Hkv, page_size, num_splits): R = H / Hkv · Lq rows per task.
 CASES = [
@@ -53,14 +54,14 @@ def test_product_path_matches_the_oracle(dtype, Lq, Lk, Lnew, H, Hkv, page_size,
 def test_product_path_applies_a_score_mod():
     rng = np.random.default_rng(5)
     q, k_cache, v_cache, table, lengths, _, _ = _decode_case(
-        rng, 1, 300, 0, 8, 2, 16, np.float32, D=PD, DV=PDV)
+        rng, 1, 300, 0, 8, 2, 16, DTYPES[1], D=PD, DV=PDV)
     lengths = np.maximum(lengths, 1)  # mods need every query at a position >= 0
     fill_prefix(rng, k_cache, v_cache, table, lengths)
     _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, None, None,
                           num_splits=2, score_mod=mods.alibi(np.linspace(0.05, 0.5, 8)))
 
 
-@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_nan_past_the_sequence_changes_no_bit_on_the_product_path(dtype):
     import kernels
 

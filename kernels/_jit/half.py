@@ -148,6 +148,19 @@ def _compute_zero_overload(x):
     return lambda x: np.zeros(1, dtype=x.dtype)[0]
 
 
+def holds_half_bits(x):
+    """Whether array ``x`` holds half bits: a constant of x's type, so a branch on it is
+    compiled only for the dtypes that take it."""
+    raise NotImplementedError
+
+
+@overload(holds_half_bits, inline="always")
+def _holds_half_bits_overload(x):
+    if is_half_bits(x.dtype):
+        return lambda x: True
+    return lambda x: False
+
+
 def compute_dtype_of(x):
     """The dtype array ``x`` is computed in, as a Numba dtype: float32 for half bits, else
     x's own dtype."""

@@ -11,7 +11,10 @@ row of the group while it is in L1: the cache is read in address order, which th
 hardware prefetchers follow at the machine's read bandwidth (a single-thread dot over a
 cache in memory, AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11
 GB/s four rows per pass; software prefetch no help: ``scripts/decode_read_order.py``).
-The loops index the cache arrays directly (no row views in the hot loops).
+The loops index the cache arrays directly (no row views in the hot loops).  Half caches
+with D and Dv multiples of 16 take the register-blocked products of
+:mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead (faster there;
+slower on float caches: docs/guide/decode.md).
 
 Half precision: float16 and bfloat16 caches arrive as their bits
 (:func:`kernels._dtypes.bits_view`) and every load is widened in registers
@@ -39,7 +42,7 @@ from numba import njit, prange
 
 from .._decode_problem import DecodeProblem
 from .._dtypes import bits_view, compute_dtype
-from .._jit.half import compute_dtype_of, narrow, widen
+from .._jit.half import compute_dtype_of, holds_half_bits, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants
 from .._jit.prefetch import prefetch_rows
@@ -136,7 +139,9 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
     R = G * Lq  # rows of a task: r = g·Lq + i is query i of head hk·G + g
     ct = compute_dtype_of(q)
     zero, one, neg_inf = float_constants(scale)
-    products = D % NR == 0 and Dv % NR == 0  # the register-blocked products
+    # The register-blocked products for half caches (widened in registers); float caches
+    # keep the plain loops, which stream them faster (docs/guide/decode.md, A/B).
+    products = holds_half_bits(k_cache) and D % NR == 0 and Dv % NR == 0
     kf, vf = k_cache.reshape(k_cache.size), v_cache.reshape(v_cache.size)
     for task in prange(B * Hkv * n_splits):
         b = task // (Hkv * n_splits)

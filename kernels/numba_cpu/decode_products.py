@@ -14,8 +14,10 @@ bound by that arithmetic, not by the cache's bytes.  Here
   (the chunk's keys on one page, at stride Dv).
 
 Half caches (their bits) are widened in registers as each vector is loaded: never copied.
-Used where D and Dv are multiples of ``NR`` (64, 128, 256: every model's head size); other
-sizes keep the plain loops of :mod:`kernels.numba_cpu.decode`.
+Used for half caches where D and Dv are multiples of ``NR`` (64, 128, 256: every model's
+head size); other sizes, and float caches (whose plain loops read a row in address order,
+faster than these products walk it: docs/guide/decode.md), keep the plain loops of
+:mod:`kernels.numba_cpu.decode`.  The products take float operands too (their tests).
 """
 
 from __future__ import annotations
