@@ -22,40 +22,11 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels._jit.math import FASTMATH  # noqa: E402
-
-
-@intrinsic
-def _prefetch(typingctx, arr, offset):
-    """llvm.prefetch of flat element ``offset`` of ``arr`` (read, all cache levels)."""
-    if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        index = context.cast(builder, args[1], signature.args[1], types.int64)
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        builder.call(hint, [builder.bitcast(builder.gep(data, [index]), byte_ptr),
-                            ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, offset), codegen
-
-
-@njit(inline="always")
-def _prefetch_rows(k, first, rows, D):
-    for offset in range(first, first + rows * D, 16):  # 16 float32 per 64-byte line
-        _prefetch(k, offset)
+from kernels._jit.prefetch import prefetch_rows  # noqa: E402
 
 
 @njit(parallel=True, fastmath=FASTMATH)
@@ -65,7 +36,7 @@ def four_rows(q, k, out, distance):
         total = np.float32(0)
         for j in range(0, L, 4):
             if distance > 0:
-                _prefetch_rows(k, (h * L + j + distance) * D, 4, D)
+                prefetch_rows(k, (h * L + j + distance) * D, 4, D)
             d0 = d1 = d2 = d3 = np.float32(0)
             for d in range(D):
                 x = q[h, d]
@@ -84,7 +55,7 @@ def one_row(q, k, out, distance):
         total = np.float32(0)
         for j in range(L):
             if distance > 0:
-                _prefetch_rows(k, (h * L + j + distance) * D, 1, D)
+                prefetch_rows(k, (h * L + j + distance) * D, 1, D)
             dot = np.float32(0)
             for d in range(D):
                 dot += q[h, d] * k[h, j, d]
