@@ -22,7 +22,7 @@ with open("/proc/loadavg") as f:
 for H in (1, 2, 4, 8):
     q = rng.standard_normal((1, H, 1, D), dtype=np.float32)
 
-    def step():
+    def step(q=q):
         return kernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=[L],
                                               num_splits=1, backend="numba")
 

@@ -66,10 +66,15 @@ def test_half_decode_matches_the_oracle(dtype, backend, Lq, Lk, Lnew, H, Hkv, pa
         assert kc[pages, :, positions % ps].tobytes() == k_new[b].transpose(1, 0, 2).tobytes()
 
 
+@pytest.mark.parametrize("D, DV", [(None, None), (32, 48)], ids=["plain-loops", "products"])
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
-def test_half_nan_past_the_sequence_changes_no_bit(dtype):
+def test_half_nan_past_the_sequence_changes_no_bit(dtype, D, DV):
+    """Both numba paths: the plain loops (D = 24) and the register-blocked products (D and
+    Dv multiples of 16, kernels/numba_cpu/decode_products.py)."""
     rng = np.random.default_rng(11)
-    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 2, 300, 0, 4, 2, 16, dtype)
+    sizes = {} if D is None else {"D": D, "DV": DV}
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 2, 300, 0, 4, 2, 16, dtype,
+                                                             **sizes)
     garbage_k = np.where(np.isnan(k_cache.astype(np.float32)), dtype.type(1e3), k_cache)
     garbage_v = np.where(np.isnan(v_cache.astype(np.float32)), dtype.type(-7.0), v_cache)
     outs = [kernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table,
