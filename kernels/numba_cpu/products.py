@@ -69,6 +69,26 @@ def _fmuladd(context, builder, elem, nr, align):
         builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{nr}f{8 * align}")
 
 
+def _int64_args(context, builder, signature, args, positions):
+    """The integer arguments at ``positions``, as int64 values."""
+    return [context.cast(builder, args[k], signature.args[k], types.int64) for k in positions]
+
+
+def _operands(context, builder, signature, args, c_pos, nr):
+    """What both products start with: the vector of ``nr`` compute elements and the
+    element's alignment, pointers to A (argument 0), B (3) and C (``c_pos``) at their
+    offsets (the argument after each array), B's vector loader and ``llvm.fmuladd``."""
+    ty = signature.args
+    elem = context.get_value_type(ty[0].dtype)
+    align = context.get_abi_sizeof(elem)
+    pa, pb, pc = (_pointer(context, builder, ty[k], args[k],
+                           *_int64_args(context, builder, signature, args, (k + 1,)))
+                  for k in (0, 3, c_pos))
+    return (ir.VectorType(elem, nr), align, pa, pb, pc,
+            _vector_loader(context, builder, ty[3], nr, align),
+            _fmuladd(context, builder, elem, nr, align))
+
+
 def _accumulators(builder, vec, mr, initial=None):
     """``mr`` entry-block allocas of ``vec`` (promoted to registers by mem2reg), zero or
     ``initial[r]``."""
@@ -103,17 +123,10 @@ def tile_product(typingctx, a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, a
 
 def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
     """LLVM IR of :func:`tile_product` for one register block."""
-    ty = signature.args
     i64 = ir.IntType(64)
-    n = [context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 5, 7, 8, 9)]
-    a_off, lda_, b_off, ldb_, c_off, ldc_, depth_ = n
-    elem = context.get_value_type(ty[0].dtype)
-    vec = ir.VectorType(elem, nr)
-    align = context.get_abi_sizeof(elem)
-    pa, pb, pc = (_pointer(context, builder, ty[k], args[k], off)
-                  for k, off in ((0, a_off), (3, b_off), (6, c_off)))
-    load_b = _vector_loader(context, builder, ty[3], nr, align)
-    fmuladd = _fmuladd(context, builder, elem, nr, align)
+    lda_, ldb_, ldc_, depth_ = _int64_args(context, builder, signature, args, (2, 5, 8, 9))
+    vec, align, pa, pb, pc, load_b, fmuladd = _operands(context, builder, signature, args, 6,
+                                                         nr)
     rows_c = [builder.bitcast(builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]),
                               vec.as_pointer()) for r in range(mr)]
     initial = [builder.load(row, align=align) for row in rows_c] if accumulate else None
@@ -156,17 +169,10 @@ def row_dots(typingctx, a, a0, lda, b, b0, c, c0, ldc, depth, mr, nr):
 
 def _row_dots_codegen(mr, nr, context, builder, signature, args):
     """LLVM IR of :func:`row_dots` for one block of rows."""
-    ty = signature.args
     i64, i32 = ir.IntType(64), ir.IntType(32)
-    a_off, lda_, b_off, c_off, ldc_, depth_ = (
-        context.cast(builder, args[k], ty[k], types.int64) for k in (1, 2, 4, 6, 7, 8))
-    elem = context.get_value_type(ty[0].dtype)
-    vec = ir.VectorType(elem, nr)
-    align = context.get_abi_sizeof(elem)
-    pa, pb, pc = (_pointer(context, builder, ty[k], args[k], off)
-                  for k, off in ((0, a_off), (3, b_off), (5, c_off)))
-    load_b = _vector_loader(context, builder, ty[3], nr, align)
-    fmuladd = _fmuladd(context, builder, elem, nr, align)
+    lda_, ldc_, depth_ = _int64_args(context, builder, signature, args, (2, 7, 8))
+    vec, align, pa, pb, pc, load_b, fmuladd = _operands(context, builder, signature, args, 5,
+                                                         nr)
     rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
     accs = _accumulators(builder, vec, mr)
     with cgutils.for_range(builder, builder.udiv(depth_, ir.Constant(i64, nr))) as loop:
