@@ -81,9 +81,9 @@ def _operands(context, builder, signature, args, c_pos, nr):
     ty = signature.args
     elem = context.get_value_type(ty[0].dtype)
     align = context.get_abi_sizeof(elem)
-    pa, pb, pc = (_pointer(context, builder, ty[k], args[k],
-                           *_int64_args(context, builder, signature, args, (k + 1,)))
-                  for k in (0, 3, c_pos))
+    offsets = _int64_args(context, builder, signature, args, (1, 4, c_pos + 1))
+    pa, pb, pc = (_pointer(context, builder, ty[k], args[k], offset)
+                  for k, offset in zip((0, 3, c_pos), offsets, strict=True))
     return (ir.VectorType(elem, nr), align, pa, pb, pc,
             _vector_loader(context, builder, ty[3], nr, align),
             _fmuladd(context, builder, elem, nr, align))
