@@ -22,7 +22,7 @@ import pytest
 
 import kernels
 from kernels._jit import math as jit_math
-from kernels.numba_cpu import config, forward
+from kernels.numba_cpu import backward, config, forward
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -306,3 +306,19 @@ def test_block_rows_leave_every_thread_two_tasks(monkeypatch):
     assert rows(1, 12, 4096, 2) == 256  # plenty of tasks
     assert rows(1, 1, 512, 2) == 128  # 4 tasks
     assert rows(1, 1, 64, 2) == 32  # never below MIN_BLOCK_Q
+
+
+def test_a_mask_reaches_the_kernels_read_only_whatever_the_caller_gave():
+    """Numba types a read-only array apart from a writable one: a caller's writable mask, a
+    read-only one and a mask that varies along the batch (a ``broadcast_to`` view inside
+    ``kernels.prepare``) must all run the one compiled kernel, not one each."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 2, 20, 8)).astype(np.float32)
+    writable = rng.random((2, 2, 20, 20)) < 0.8
+    read_only = np.broadcast_to(rng.random((1, 1, 20, 20)) < 0.8, (2, 1, 20, 20))
+    for mask in (writable, read_only, writable[:, :1]):
+        kernels.attention(q, q, q, mask=mask, backend="numba")
+        kernels.attention_backward(q, q, q, np.ones_like(q), mask=mask, backend="numba")
+    for kernel, position in ((forward._attention_serial, 3), (backward.KERNELS[1], 6)):
+        masks = {signature[position] for signature in kernel.signatures}
+        assert masks and not any(m.mutable for m in masks), masks

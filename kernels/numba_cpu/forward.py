@@ -299,13 +299,26 @@ def is_small(problem: AttentionProblem) -> bool:
 
 
 def mask_arguments(problem: AttentionProblem, dtype):
-    """The flattened mask (bool or additive), its element strides (0 = broadcast) and a flag."""
+    """The flattened mask (bool or additive), its element strides (0 = broadcast) and a flag.
+
+    The flat mask is always a read-only view: Numba types a read-only array apart from a
+    writable one, and a mask arrives either way (a caller's read-only array, or a view of
+    ``np.broadcast_to`` when it varies along the batch), so without this one kernel would
+    be compiled (and cached) twice, once per kind.  The kernels only read it.
+    """
     mask = problem.mask  # bool (read as bytes) or additive, as the caller gave it
     if mask is None:
-        return np.zeros(1, dtype=dtype), np.zeros(4, dtype=np.int64), False
+        return _read_only(np.zeros(1, dtype=dtype)), np.zeros(4, dtype=np.int64), False
     strides = [0 if n == 1 else s // mask.itemsize for n, s in zip(mask.shape, mask.strides,
                                                                    strict=True)]
-    return mask.reshape(-1), np.array(strides, dtype=np.int64), True
+    return _read_only(mask.reshape(-1)), np.array(strides, dtype=np.int64), True
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of ``array`` (the array itself is left as it is)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def mod_functions(problem: AttentionProblem) -> tuple:
