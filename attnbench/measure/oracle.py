@@ -162,7 +162,9 @@ def max_abs_error(result: np.ndarray, exact: np.ndarray) -> float:
     same_inf = np.array_equal(result[np.isinf(exact)], exact[np.isinf(exact)])
     if not (same_nan and same_inf and np.isfinite(result[finite]).all()):
         return float("inf")
-    return float(np.max(np.abs(result - exact), where=finite, initial=0.0))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are -inf: left out below
+        difference = np.abs(result - exact)
+    return float(np.max(difference, where=finite, initial=0.0))
 
 
 def decode_oracle(problem):
