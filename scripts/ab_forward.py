@@ -97,6 +97,9 @@ def main(argv=None):
         old = import_old(args.commit, Path(tmp))
         from kernels_old import numba_cpu as old_numba  # noqa: E402 (imported just above)
 
+        if not hasattr(old_numba, "run"):  # commits since the kernels/ redesign
+            from kernels_old.numba_cpu import choose as old_numba
+
         print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, numba threads {args.threads}")
         print(f"load average before: {os.getloadavg()}")
         print(f"shape B={B} H={H} D={D} float32, {args.rounds} rounds, pause {args.pause} s")

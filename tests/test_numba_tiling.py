@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -308,17 +309,22 @@ def test_block_rows_leave_every_thread_two_tasks(monkeypatch):
     assert rows(1, 1, 64, 2) == 32  # never below MIN_BLOCK_Q
 
 
-def test_a_mask_reaches_the_kernels_read_only_whatever_the_caller_gave():
+def test_one_kernel_serves_no_mask_and_every_bool_mask():
     """Numba types a read-only array apart from a writable one: a caller's writable mask, a
     read-only one and a mask that varies along the batch (a ``broadcast_to`` view inside
-    ``kernels.prepare``) must all run the one compiled kernel, not one each."""
+    ``kernels.prepare``) must all run the one compiled kernel, and so must a call without
+    a mask (its placeholder is a bool array; the flag says there is none)."""
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 2, 20, 8)).astype(np.float32)
     writable = rng.random((2, 2, 20, 20)) < 0.8
     read_only = np.broadcast_to(rng.random((1, 1, 20, 20)) < 0.8, (2, 1, 20, 20))
-    for mask in (writable, read_only, writable[:, :1]):
+    masks = (None, writable, read_only, writable[:, :1])
+    types = {numba.typeof(forward.mask_arguments(kernels.prepare(q, q, q, mask=m))[0])
+             for m in masks}
+    assert len(types) == 1 and not types.pop().mutable
+    for mask in masks:
         kernels.attention(q, q, q, mask=mask, backend="numba")
         kernels.attention_backward(q, q, q, np.ones_like(q), mask=mask, backend="numba")
     for kernel, position in ((forward._attention_serial, 3), (backward.KERNELS[1], 6)):
-        masks = {signature[position] for signature in kernel.signatures}
-        assert masks and not any(m.mutable for m in masks), masks
+        seen = {signature[position] for signature in kernel.signatures}
+        assert seen and not any(m.mutable for m in seen), seen

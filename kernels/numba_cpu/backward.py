@@ -229,7 +229,7 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
     with np.errstate(invalid="ignore", over="ignore"):
         row_dot = np.einsum("bhid,bhid->bhi", dout.astype(dtype, copy=False),
                             out.astype(dtype, copy=False))  # (B, H, Lq)
-    mask, mask_strides, has_mask = mask_arguments(problem, dtype)
+    mask, mask_strides, has_mask = mask_arguments(problem)
     args = (
         bits_view(problem.q), bits_view(problem.k), bits_view(problem.v), bits_view(dout),
         lse.astype(dtype, copy=False), row_dot, mask, mask_strides, has_mask,

@@ -298,27 +298,23 @@ def is_small(problem: AttentionProblem) -> bool:
     return problem.work < config.SERIAL_WORK_LIMIT
 
 
-def mask_arguments(problem: AttentionProblem, dtype):
+def mask_arguments(problem: AttentionProblem):
     """The flattened mask (bool or additive), its element strides (0 = broadcast) and a flag.
 
-    The flat mask is always a read-only view: Numba types a read-only array apart from a
-    writable one, and a mask arrives either way (a caller's read-only array, or a view of
-    ``np.broadcast_to`` when it varies along the batch), so without this one kernel would
-    be compiled (and cached) twice, once per kind.  The kernels only read it.
+    The mask is passed read-only, always: Numba types a read-only array (a caller's, or the
+    ``broadcast_to`` view of a mask varying along the batch) apart from a writable one, and
+    would compile each kernel once per kind.  Without a mask the placeholder is a bool
+    array, so such a call runs the kernel of a bool mask (the flag is read at run time).
     """
     mask = problem.mask  # bool (read as bytes) or additive, as the caller gave it
     if mask is None:
-        return _read_only(np.zeros(1, dtype=dtype)), np.zeros(4, dtype=np.int64), False
-    strides = [0 if n == 1 else s // mask.itemsize for n, s in zip(mask.shape, mask.strides,
-                                                                   strict=True)]
-    return _read_only(mask.reshape(-1)), np.array(strides, dtype=np.int64), True
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only view of ``array`` (the array itself is left as it is)."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
+        mask, strides, has_mask = np.zeros(1, dtype=np.bool_), [0] * 4, False
+    else:
+        strides = [0 if n == 1 else s // mask.itemsize
+                   for n, s in zip(mask.shape, mask.strides, strict=True)]
+        mask, has_mask = mask.reshape(-1).view(), True
+    mask.flags.writeable = False  # a view (or our placeholder): the caller's array is as it was
+    return mask, np.array(strides, dtype=np.int64), has_mask
 
 
 def mod_functions(problem: AttentionProblem) -> tuple:
@@ -366,7 +362,7 @@ def run_tiles(problem: AttentionProblem, *, parallel: bool | None = None,
     result = (out, rounded_to(weights, problem.dtype) if problem.return_weights else None)
     if B * H * Lq == 0:
         return result + (lse,) if return_lse else result
-    mask, mask_strides, has_mask = mask_arguments(problem, dtype)
+    mask, mask_strides, has_mask = mask_arguments(problem)
     if parallel is None:
         parallel = not is_small(problem)
     block_q = block_rows(problem, numba.get_num_threads()) if parallel else config.BLOCK_Q
