@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 import kernels
-from attnbench.measure.oracle import max_abs_error, oracle_runs, tolerance
+from attnbench.measure.oracle import max_abs_error, oracle_dtype, oracle_runs, tolerance
 from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: F401 (re-exported)
+from kernels.reference import forward as reference
 
 DTYPES = (np.float32, np.float64)
 
@@ -48,6 +49,17 @@ def oracle(q, k, v, **kwargs):
     exact = tuple(problem.restore(x) for x in exact)
     plain = tuple(problem.restore(x) for x in plain)
     return exact, plain
+
+
+def assert_lse_near_the_oracle(lse: np.ndarray, problem) -> None:
+    """``lse`` (in ``problem``'s layout, (B, H, Lq)) against the float64 reference's lse under
+    the baseline-relative rule (the baseline: the reference's lse in the problem's dtype);
+    rows that see no key are ``-inf`` in both."""
+    exact = reference.run(problem, compute_dtype=oracle_dtype(problem.dtype),
+                          keep_precision=True, return_lse=True)[-1]
+    plain = reference.run(problem, compute_dtype=problem.dtype, return_lse=True)[-1]
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(exact))
+    assert max_error(lse, exact) <= tolerance(exact, plain, problem.dtype)
 
 
 def max_error(result: np.ndarray, exact: np.ndarray) -> float:
