@@ -92,7 +92,10 @@ def test_return_lse_must_be_a_bool():
 NUMBA_PATHS = {
     "serial": (float("inf"), config.HAVE_BLAS),
     "parallel": (0, config.HAVE_BLAS),
-    "parallel-loops": (0, False),  # no BLAS: the path of a machine without SciPy
+    # No BLAS: the tile products of a machine without SciPy, in the serial kernel (which
+    # shares them with the parallel one; test_half and test_mods_backward run the parallel
+    # kernel without BLAS).
+    "serial-loops": (float("inf"), False),
 }
 
 
