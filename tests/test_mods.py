@@ -244,6 +244,7 @@ def test_numba_parallel_kernel(use_blas):
     assert max_error(out, exact) <= tolerance(exact, plain, q.dtype)
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_rows_that_see_nothing_get_zero():
     q, k, v = _qkv(Lq=20, Lk=20, dtype=np.float64)
     # odd rows see nothing (the mask function), nor does batch 1 (key_lengths 0)
@@ -479,6 +480,7 @@ def test_block_mask_classifies_cells_exactly_for_user_functions():
                                   bm.table)
 
 
+@pytest.mark.slow  # user functions compile per process: left out of the quick lane
 def test_block_mask_reused_gives_the_mask_functions_result(serial):
     q, k, v = _qkv()
     user = mods.mask_mod(same_document, DOCS)
