@@ -346,3 +346,34 @@ def test_score_and_mask_functions_in_half_precision(mods_kwargs, dtype):
     kwargs = mods_kwargs(kernels.mods)
     assert_matches_reference(q, k, v, "numba", **kwargs)
     assert_gradients_match(q, k, v, "numba", **kwargs)
+
+
+@pytest.mark.parametrize("bits", [np.int16, np.uint16], ids=["float16", "bfloat16"])
+def test_rounding_to_half_bits_compiles_without_numba_warnings(bits):
+    """A kernel that stores a half element compiles with no warning from Numba's internal
+    checks (``NumbaIRAssumptionWarning``, "please report": bfloat16's rounding inlined into
+    ``narrow`` tripped it on every first compile of a bfloat16 backward); the rounding is
+    to nearest even, as ml_dtypes rounds."""
+    import warnings
+
+    from numba import njit
+    from numba.core.errors import NumbaWarning
+
+    from kernels._jit.half import narrow
+
+    @njit  # defined here: compiled in this test, whatever Numba's cache holds
+    def store(dk_acc, dv_acc, dk, dv, b, hk, j0, scale):  # as the backward stores dk, dv
+        for c in range(dk_acc.shape[0]):
+            for d in range(dk_acc.shape[1]):
+                dk[b, hk, j0 + c, d] = narrow(dk_acc[c, d] * scale, dk)
+            for d in range(dv_acc.shape[1]):
+                dv[b, hk, j0 + c, d] = narrow(dv_acc[c, d], dv)
+
+    x = np.array([[1.0, -2.5e-3, 3.14159, 3e4], [1e-40, np.inf, np.nan, -7.0]], np.float32)
+    dk, dv = np.empty((1, 1) + x.shape, bits), np.empty((1, 1) + x.shape, bits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumbaWarning)
+        store(x, 2 * x, dk, dv, 0, 0, 0, np.float32(1))
+    half = np.float16 if bits is np.int16 else ml_dtypes.bfloat16
+    np.testing.assert_array_equal(dk[0, 0].view(half), x.astype(half))
+    np.testing.assert_array_equal(dv[0, 0].view(half), (2 * x).astype(half))

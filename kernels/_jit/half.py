@@ -98,7 +98,10 @@ def _f32_as_u32(typingctx, x):
     return types.uint32(x), codegen
 
 
-@njit(inline="always")
+# Not inline="always": inlined by Numba into narrow's lambda, twice in one loop, it tripped
+# Numba's SSA check (a NumbaIRAssumptionWarning asking to report a bug).  A call per element
+# stored (O(output), not O(L²)); the bits are the same (tests/test_half.py).
+@njit
 def _f32_to_bf16_bits(x):
     u = np.uint64(_f32_as_u32(np.float32(x)))  # Numba's shifts widen to 64 bits anyway
     if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it, quiet
