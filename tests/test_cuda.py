@@ -300,9 +300,13 @@ def test_attention_device_rejects_bad_input(change, error, match):
 # Large unscaled logits (scale = 1, |q|, |k| ~ 6: scores ~ ±300): where a row's two largest
 # scores nearly tie, the last bits of the scores reach the output.  With eight partial
 # sums the score dot product was 4.9x the tolerance on (5, 40, 128) seed 4; with the
-# compensated dot product every draw here is within it (worst 0.48x).
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("Lq, Lk, D", [(7, 33, 64), (5, 40, 128), (9, 31, 59)], ids=str)
+# compensated dot product every draw is within it (worst 0.48x over 6 seeds per shape).
+# Put back the eight partial sums (make_dot for the scores in kernels/cuda/source.py) and
+# 4 of those 36 cases fail: (5, 40, 128) seed 4 and (9, 31, 59) seed 0, both alignments.
+# Those draws stay, with one more per shape (the simulator takes ~2.4 s a case).
+@pytest.mark.parametrize("Lq, Lk, D, seed", [(7, 33, 64, 0), (7, 33, 64, 1), (5, 40, 128, 4),
+                                             (5, 40, 128, 0), (9, 31, 59, 0), (9, 31, 59, 1)],
+                         ids=str)
 @pytest.mark.parametrize("causal", [False, "bottom-right"], ids=str)
 def test_large_unscaled_logits_match_reference(Lq, Lk, D, seed, causal):
     rng = np.random.default_rng(seed)
