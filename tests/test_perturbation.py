@@ -160,8 +160,9 @@ def test_keys_hidden_by_a_mask_mod_change_no_output_bit(backend, garbage, case, 
     L = 300
     q, k, v = _qkv((2, 4, L, 16))
     kwargs = _mod_case(case, L, rng)
-    if backend != "numba-micro" or "mask" in kwargs:  # on the tiles (the micro-kernel has
-        monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))  # one launcher)
+    if backend != "numba-micro" or "mask" in kwargs:  # the tile kernel (the micro-kernel
+        # has a parallel launcher only): serial, in blocks of 64 rows
+        monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
         monkeypatch.setattr(config, "BLOCK_Q", 64)
     bad = np.zeros(L, bool)
     bad[100:180] = True
