@@ -2,9 +2,9 @@
 
 Nothing here is pasted: at ``builder-inited`` each figure is computed on this machine and
 written to ``docs/_generated/`` (not committed), where the pages include it.  The runs are
-small and on one thread (20 s on 2 cores with Numba's cache warm, a minute or two cold), so the figures show what the
-code does, not the measured results of ``docs/results.md``: those come from
-``attnbench run`` and ``attnbench bench`` on a quiet machine.
+small and on one thread (20 s on 2 cores with Numba's cache warm, a minute or two cold), so
+the figures show what the code does, not the measured results of ``docs/results.md``: those
+come from ``attnbench run`` and ``attnbench bench`` on a quiet machine.
 
 - ``scaling.png``: a short sweep of the numba backend and plain NumPy against L, no mask and
   causal, with the fitted power laws and their 95 % bands (the report's scaling figure);
