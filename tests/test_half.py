@@ -352,22 +352,18 @@ def test_score_and_mask_functions_in_half_precision(mods_kwargs, dtype):
 def test_rounding_to_half_bits_compiles_without_numba_warnings(bits):
     """A kernel that stores a half element compiles with no warning from Numba's internal
     checks (``NumbaIRAssumptionWarning``, "please report": bfloat16's rounding inlined into
-    ``narrow`` tripped it on every first compile of a bfloat16 backward); the rounding is
-    to nearest even, as ml_dtypes rounds."""
+    ``narrow`` tripped it on every first compile of a bfloat16 backward, in
+    ``store_key_block``); the rounding is to nearest even, as ml_dtypes rounds."""
     import warnings
 
     from numba import njit
     from numba.core.errors import NumbaWarning
 
-    from kernels._jit.half import narrow
+    from kernels._jit.math import FASTMATH
+    from kernels.numba_cpu.backward_tiles import store_key_block
 
-    @njit  # defined here: compiled in this test, whatever Numba's cache holds
-    def store(dk_acc, dv_acc, dk, dv, b, hk, j0, scale):  # as the backward stores dk, dv
-        for c in range(dk_acc.shape[0]):
-            for d in range(dk_acc.shape[1]):
-                dk[b, hk, j0 + c, d] = narrow(dk_acc[c, d] * scale, dk)
-            for d in range(dv_acc.shape[1]):
-                dv[b, hk, j0 + c, d] = narrow(dv_acc[c, d], dv)
+    # the backward's dk and dv stores, compiled here whatever Numba's cache holds
+    store = njit(fastmath=FASTMATH)(store_key_block.py_func)
 
     x = np.array([[1.0, -2.5e-3, 3.14159, 3e4], [1e-40, np.inf, np.nan, -7.0]], np.float32)
     dk, dv = np.empty((1, 1) + x.shape, bits), np.empty((1, 1) + x.shape, bits)

@@ -160,18 +160,18 @@ def test_keys_hidden_by_a_mask_mod_change_no_output_bit(backend, garbage, case, 
     L = 300
     q, k, v = _qkv((2, 4, L, 16))
     kwargs = _mod_case(case, L, rng)
-    if backend != "numba-micro" or "mask" in kwargs:  # the tile kernel (the micro-kernel
-        # has a parallel launcher only): serial, in blocks of 64 rows
-        monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
+    micro = backend == "numba-micro" and "mask" not in kwargs  # a dense mask stays on the tiles
+    if micro:
+        from kernels.numba_cpu import choose
+
+        assert choose.micro_block(kernels.prepare(q, k, v, **kwargs), None, None, None)
+    else:  # the tile kernel (the micro-kernel has a parallel launcher only): serial, in
+        monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))  # blocks of 64 rows
         monkeypatch.setattr(config, "BLOCK_Q", 64)
     bad = np.zeros(L, bool)
     bad[100:180] = True
     rows = ~kernels.prepare(q, k, v, **kwargs).visible()[..., bad].any(axis=-1)  # (B, H, Lq)
     assert 0 < rows.sum() < rows.size
-    if backend == "numba-micro" and "mask" not in kwargs:  # a dense mask stays on the tiles
-        from kernels.numba_cpu import choose
-
-        assert choose.micro_block(kernels.prepare(q, k, v, **kwargs), None, None, None)
     before = _attention(q, k, v, backend=backend, **kwargs)
     k2, v2 = k.copy(), v.copy()
     k2[:, :, bad] = GARBAGE[garbage]
