@@ -3,12 +3,15 @@ beside the read-bandwidth probe: decode's targets (docs/guide/decode.md) for bot
 
     python scripts/decode_ab.py --old 629b084 [--rounds 15] [--threads 2] [--quick]
 
-The old ``kernels/numba_cpu/decode.py`` is taken from git (``git show OLD:...``), written
-beside today's as ``kernels/numba_cpu/_ab_old_decode.py`` (removed at the end) and run
-through the same :class:`kernels._decode_problem.DecodeProblem`. Every call of every case
-is timed in the same interleaved rounds (``attnbench.measure.timing.interleaved``, a pause
-after each call); the table gives medians, GB/s of K and V read (the read bandwidth probe's
-own GB/s in its row), and new/old with the 95% bootstrap interval of the ratio of medians.
+The old kernel's files (``kernels/numba_cpu/decode.py``, ``decode_products.py`` and
+``kernels/_jit/half.py``, where the old commit has them) are taken from git (``git show
+OLD:...``), written beside today's as ``_ab_old_*.py`` with their imports of each other
+renamed (removed at the end), and run through the same
+:class:`kernels._decode_problem.DecodeProblem`; the rest of ``kernels`` is today's.
+Every call of every case is timed in the same interleaved rounds
+(``attnbench.measure.timing.interleaved``, a pause after each call); the table gives
+medians, GB/s of K and V read (the read bandwidth probe's own GB/s in its row), and new/old
+with the 95% bootstrap interval of the ratio of medians.
 The bf16 rows time both kernels on bfloat16 caches of the same shape (half the bytes); an
 old kernel that refuses half caches (before 1b303da) has no old bf16 row.
 """
@@ -35,7 +38,34 @@ from kernels._decode_validate import check_decode_args  # noqa: E402
 from kernels._dtypes import as_dtype  # noqa: E402
 from kernels.numba_cpu import decode as new_decode  # noqa: E402
 
-OLD_PATH = REPO / "kernels" / "numba_cpu" / "_ab_old_decode.py"
+#: The old kernel's files (each where the old commit has it) and how the others import it.
+OLD_FILES = {"kernels/numba_cpu/decode.py": None,
+             "kernels/numba_cpu/decode_products.py": ".decode_products",
+             "kernels/_jit/half.py": ".._jit.half"}
+
+
+def _old_copy(path: str) -> Path:
+    """Where the old version of ``path`` is written: ``_ab_old_<name>`` beside it."""
+    path = REPO / path
+    return path.with_name("_ab_old_" + path.name)
+
+
+def _write_old_kernel(old: str) -> None:
+    """The old kernel's files, their imports of each other renamed to the old copies."""
+    renames = {f"from {module} import":
+               f"from {module.rsplit('.', 1)[0]}.{_old_copy(path).stem} import"
+               for path, module in OLD_FILES.items() if module}
+    for path in OLD_FILES:
+        shown = subprocess.run(["git", "show", f"{old}:{path}"], cwd=REPO,
+                               capture_output=True, text=True)
+        if shown.returncode:  # the file did not exist then: today's is used
+            if path.endswith("decode.py"):
+                raise SystemExit(f"{old} has no {path}")
+            continue
+        source = shown.stdout
+        for before, after in renames.items():
+            source = source.replace(before, after)
+        _old_copy(path).write_text(source)
 
 
 def _cases(quick: bool):
@@ -68,10 +98,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         numba.set_num_threads(args.threads)
-    source = subprocess.run(["git", "show", f"{args.old}:kernels/numba_cpu/decode.py"],
-                            cwd=REPO, check=True, capture_output=True, text=True).stdout
-    OLD_PATH.write_text(source)
     try:
+        _write_old_kernel(args.old)
         old_decode = importlib.import_module("kernels.numba_cpu._ab_old_decode")
         rng = np.random.default_rng(0)
         read, probe_bytes = stream_reader()
@@ -95,7 +123,8 @@ def main(argv=None) -> int:
             call()  # compiles
         timings = interleaved(calls, rounds=args.rounds, settle=args.settle)
     finally:
-        OLD_PATH.unlink(missing_ok=True)
+        for path in OLD_FILES:
+            _old_copy(path).unlink(missing_ok=True)
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"threads {numba.get_num_threads()}, rounds {args.rounds}, load after {load}, "

@@ -1,13 +1,14 @@
 """The numba decode kernel's register-blocked products (``kernels/numba_cpu/decode_products.py``).
 
-They run on fully visible chunks of half caches where D and Dv are multiples of 16 (float
-caches, and the other decode tests' D = 24, take the plain loops). Against the float64
-oracle under the tolerance rule: row counts R = G·Lq that are and are not multiples of the
-4-row block (1, 3, 4, 5, 8), runs of keys cut by pages of 1, 4 and 16 keys or none
-(contiguous), chunks of 64 keys with ragged tails, causal queries (the chunk holding the
-new tokens takes the per-pair loops), splits, float16 and bfloat16 (widened in registers);
-a score_mod on the product path; and the ``row_dots`` product itself against NumPy. (NaN
-past each sequence on this path: tests/test_decode_half_sinks.py.)
+They run on fully visible chunks of float32 and half caches where D and Dv are multiples
+of 16 (float64 caches, and the other decode tests' D = 24, take the plain loops). Against
+the float64 oracle under the tolerance rule: row counts R = G·Lq that are and are not
+multiples of the 4-row block (1, 3, 4, 5, 8), runs of keys cut by pages of 1, 4 and 16
+keys or none (contiguous), chunks of 64 keys with ragged tails, causal queries (the chunk
+holding the new tokens takes the per-pair loops), splits, float32, float16 and bfloat16
+(widened in registers); a score_mod on the product path; and the ``row_dots`` product
+itself against NumPy. (NaN past each sequence on this path: tests/test_decode_half_sinks.py
+and tests/test_decode.py.)
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import numpy as np
 import pytest
 from numba import njit
 
+import kernels
 from kernels import mods
 from kernels.numba_cpu.products import row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 
-#: Head sizes on the product path (multiples of 16, D != Dv).
-PD, PDV = 32, 48
+#: Head sizes on the product path (multiples of 16, D != Dv; Dv = 80 takes a block of 64
+#: value columns and one of 16).
+PD, PDV = 32, 80
 
-#: The caches that take the products (float caches keep the plain loops).
-DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
-DTYPE_IDS = ["float16", "bfloat16"]
+#: The caches that take the products (float64 caches keep the plain loops).
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+DTYPE_IDS = ["float32", "float16", "bfloat16"]
 
 #: (Lq, Lk, Lnew, H, Hkv, page_size, num_splits): R = H / Hkv · Lq rows per task.
 CASES = [
@@ -86,3 +89,18 @@ def test_row_dots_are_the_dot_products(dtype, rows, depth):
     bound = 2 * depth * eps * (np.abs(a.reshape(rows, depth)) @ np.abs(b[7:])) + 1e-300
     assert (np.abs(c[::3] - expected) <= bound).all()
     assert (c.reshape(rows, 3)[:, 1:] == -1).all()  # nothing written between the rows
+
+
+def test_float32_product_path_never_reads_past_the_sequence():
+    """NaN or finite garbage in every slot past cache_seqlens[b] + Lnew: the same bits out
+    (the half caches' version of this test: tests/test_decode_half_sinks.py)."""
+    rng = np.random.default_rng(11)
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(
+        rng, 2, 300, 0, 8, 2, 16, DTYPES[0], D=PD, DV=PDV)
+    garbage_k = np.where(np.isnan(k_cache), np.float32(1e3), k_cache)
+    garbage_v = np.where(np.isnan(v_cache), np.float32(-7.0), v_cache)
+    outs = [kernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table,
+                                           num_splits=3, backend="numba", return_lse=True)
+            for kc, vc in ((k_cache, v_cache), (garbage_k, garbage_v))]
+    assert outs[0][0].tobytes() == outs[1][0].tobytes()
+    assert outs[0][1].tobytes() == outs[1][1].tobytes()

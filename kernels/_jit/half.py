@@ -151,15 +151,15 @@ def _compute_zero_overload(x):
     return lambda x: np.zeros(1, dtype=x.dtype)[0]
 
 
-def holds_half_bits(x):
-    """Whether array ``x`` holds half bits: a constant of x's type, so a branch on it is
-    compiled only for the dtypes that take it."""
+def computes_in_float32(x):
+    """Whether array ``x`` is computed in float32 (it holds float32 or half bits): a
+    constant of x's type, so a branch on it is compiled only for the dtypes that take it."""
     raise NotImplementedError
 
 
-@overload(holds_half_bits, inline="always")
-def _holds_half_bits_overload(x):
-    if is_half_bits(x.dtype):
+@overload(computes_in_float32, inline="always")
+def _computes_in_float32_overload(x):
+    if is_half_bits(x.dtype) or x.dtype == types.float32:
         return lambda x: True
     return lambda x: False
 

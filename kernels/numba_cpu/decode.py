@@ -42,10 +42,9 @@ from numba import njit, prange
 
 from .._decode_problem import DecodeProblem
 from .._dtypes import bits_view, compute_dtype
-from .._jit.half import compute_dtype_of, holds_half_bits, narrow, widen
+from .._jit.half import compute_dtype_of, computes_in_float32, narrow, widen
 from .._jit.launch import launch_guard
-from .._jit.math import FASTMATH, fast_exp, float_constants
-from .._jit.prefetch import prefetch_rows
+from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
@@ -109,10 +108,10 @@ def _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf):
     zero = row_sum[0] - row_sum[0] if R else neg_inf
     for r in range(R):
         m_old = row_max[r]
-        m_new = m_old
+        key = max_key(m_old)  # the maximum in integers: a loop LLVM vectorises
         for jj in range(nk):
-            if scores[r, jj] > m_new:
-                m_new = scores[r, jj]
+            key = max(key, max_key(scores[r, jj]))
+        m_new = from_max_key(key)
         shift = m_new if m_new > neg_inf else zero
         correction = fast_exp(m_old - shift)
         total = zero
@@ -141,7 +140,7 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
     zero, one, neg_inf = float_constants(scale)
     # The register-blocked products for half caches (widened in registers); float caches
     # keep the plain loops, which stream them faster (docs/guide/decode.md, A/B).
-    products = holds_half_bits(k_cache) and D % NR == 0 and Dv % NR == 0
+    products = computes_in_float32(k_cache) and D % NR == 0 and Dv % NR == 0
     kf, vf = k_cache.reshape(k_cache.size), v_cache.reshape(v_cache.size)
     for task in prange(B * Hkv * n_splits):
         b = task // (Hkv * n_splits)
@@ -165,7 +164,8 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         seen = np.empty((R, CHUNK), dtype=np.bool_)
         row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
         row_slot = np.empty(CHUNK, dtype=np.int64)
-        rows = np.empty(CHUNK, dtype=np.int64)  # where each key's row starts in kf (vf)
+        rows = np.empty(CHUNK, dtype=np.int64)  # each key's row in kf (vf): products
+        ahead = np.empty(CHUNK, dtype=np.int64)  # the next chunk's rows
         for j0 in range(j_lo, j_hi, CHUNK):
             j1 = min(j0 + CHUNK, j_hi)
             nk = j1 - j0
@@ -184,12 +184,16 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
             # causal limit): the loops without the per-pair tests.
             if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
                 if products:
-                    for jj in range(nk):  # the values' lines start loading now, in order
-                        prefetch_rows(vf, ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * Dv,
-                                      1, Dv)
                     for jj in range(nk):
-                        rows[jj] = ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * D
-                    chunk_scores(qf, kf, rows, nk, R, D, scale, sf, CHUNK)
+                        rows[jj] = (row_page[jj] * Hkv + hk) * ps + row_slot[jj]
+                    # The next chunk's rows, prefetched with the scores (row_page and
+                    # row_slot are not read again for this chunk on this path).
+                    n_ahead = min(CHUNK, j_hi - j1)
+                    _locate(block_table, b, j1, n_ahead, ps, row_page, row_slot)
+                    for jj in range(n_ahead):
+                        ahead[jj] = (row_page[jj] * Hkv + hk) * ps + row_slot[jj]
+                    chunk_scores(qf, kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv, ahead,
+                                 n_ahead)
                 else:
                     _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
@@ -199,8 +203,6 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
                                                      q_start[b] + r % Lq, j0 + jj, score_args)
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
                 if products:
-                    for jj in range(nk):
-                        rows[jj] = ((row_page[jj] * Hkv + hk) * ps + row_slot[jj]) * Dv
                     chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, af)
                 else:
                     _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
