@@ -11,10 +11,11 @@ row of the group while it is in L1: the cache is read in address order, which th
 hardware prefetchers follow at the machine's read bandwidth (a single-thread dot over a
 cache in memory, AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11
 GB/s four rows per pass; software prefetch no help: ``scripts/decode_read_order.py``).
-The loops index the cache arrays directly (no row views in the hot loops).  Half caches
-with D and Dv multiples of 16 take the register-blocked products of
-:mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead (faster there;
-slower on float caches: docs/guide/decode.md).
+The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
+half caches with D and Dv multiples of 16 take the register-blocked products of
+:mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also
+prefetch the next chunk's rows (faster: docs/guide/decode.md); float64 caches, other
+sizes and the chunks with per-pair tests keep the loops here.
 
 Half precision: float16 and bfloat16 caches arrive as their bits
 (:func:`kernels._dtypes.bits_view`) and every load is widened in registers
