@@ -6,11 +6,11 @@ for all ``G = H / Hkv`` query heads of the group and all Lq queries at once (``R
 rows: each K/V row is read once, from memory, and used R times from L1).  Per chunk of
 ``CHUNK`` keys, the online softmax: scores (a dot over D per row and key), the chunk's
 row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
-accumulator ``acc += p · v``.  Both passes take one key (value) row at a time, for every
-row of the group while it is in L1: the cache is read in address order, which the
-hardware prefetchers follow at the machine's read bandwidth (a single-thread dot over a
-cache in memory, AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11
-GB/s four rows per pass; software prefetch no help: ``scripts/decode_read_order.py``).
+accumulator ``acc += p · v``.  In the plain loops here both passes take one key (value)
+row at a time, for every row of the group while it is in L1: the cache is read in address
+order, which the hardware prefetchers follow (a single-thread dot over a cache in memory,
+AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11 GB/s four rows
+per pass; software prefetch no help to these loops: ``scripts/decode_read_order.py``).
 The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
 half caches with D and Dv multiples of 16 take the register-blocked products of
 :mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also
@@ -139,8 +139,8 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
     R = G * Lq  # rows of a task: r = g·Lq + i is query i of head hk·G + g
     ct = compute_dtype_of(q)
     zero, one, neg_inf = float_constants(scale)
-    # The register-blocked products for half caches (widened in registers); float caches
-    # keep the plain loops, which stream them faster (docs/guide/decode.md, A/B).
+    # The register-blocked products for float32 and half caches (half bits widened in
+    # registers); float64 caches keep the plain loops (docs/guide/decode.md, A/B).
     products = computes_in_float32(k_cache) and D % NR == 0 and Dv % NR == 0
     kf, vf = k_cache.reshape(k_cache.size), v_cache.reshape(v_cache.size)
     for task in prange(B * Hkv * n_splits):
