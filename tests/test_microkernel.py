@@ -1,20 +1,24 @@
 """The micro-kernel path (kernels/numba_cpu/micro.py) against the reference.
 
 Both ways of packing K and V (a separate launch, or fused into the task loop) are run on
-every checked case and must agree exactly.
+every checked case and must agree exactly (half inputs pack fused only).
 
 Small tiles (8 query rows per task, keys in tiles of one or two panels) make tiny problems
 cross every boundary: row tails of the register block (Lq not a multiple of ``mr``), key
 tails of a panel (Lk, key lengths and the causal cut not multiples of ``nr``), value
 widths that are not a multiple of ``nr`` (padded lanes), GQA, both causal alignments,
 rows that see no key, and non-finite keys and values where they are hidden.  Each dtype
-compiles its default register block only (each compilation costs seconds).
+compiles its default register block only (each compilation costs seconds).  float16 and
+bfloat16 inputs take float32's block (their bits widened as K, V and Q are packed) and the
+half tolerance rule.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from attnbench.measure.oracle import tolerance
+from kernels._dtypes import is_half
 from kernels.numba_cpu import micro as mk
 from kernels.numba_cpu.products import tile_product
 
@@ -23,6 +27,10 @@ from .support import COMPARISONS, max_error, oracle
 #: The default block of each dtype (8 x 16 and 4 x 16: row tails of 8 and of 4).
 CONFIGS = [(np.float32, mk.CONFIGS[np.dtype(np.float32)][0]),
            (np.float64, mk.CONFIGS[np.dtype(np.float64)][0])]
+#: ... and the half dtypes, on float32's block.
+WITH_HALF = CONFIGS + [pytest.param(dtype, mk.CONFIGS[np.dtype(np.float32)][0], id=name)
+                       for dtype, name in ((np.float16, "float16"),
+                                           (ml_dtypes.bfloat16, "bfloat16"))]
 
 
 def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
@@ -36,9 +44,11 @@ def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
 def _check(q, k, v, config, block_q=8, block_k=None, **kwargs):
     """The micro-kernel's output against the oracle, within the differential tolerance."""
     (exact, _), (plain, _) = oracle(q, k, v, **kwargs)
+    # Half inputs pack fused only: there the second call checks that it repeats bit for bit.
+    ways = (True, True) if is_half(q.dtype) else (False, True)
     got, fused = (mk.attention(q, k, v, config=config, block_q=block_q,
                                block_k=block_k or config[1], fuse=fuse, **kwargs)
-                  for fuse in (False, True))
+                  for fuse in ways)
     assert np.array_equal(got, fused, equal_nan=True)  # packing fused or not: same arithmetic
     assert got.dtype == q.dtype and got.shape == exact.shape
     err = max_error(got, exact)
@@ -48,14 +58,14 @@ def _check(q, k, v, config, block_q=8, block_k=None, **kwargs):
     return got
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", WITH_HALF)
 @pytest.mark.parametrize("Lq, Lk, D, Dv", [(1, 1, 1, 1), (13, 37, 5, 7), (40, 70, 8, 33)])
 def test_odd_sizes(dtype, config, Lq, Lk, D, Dv):
     q, k, v = _inputs(dtype, 2, 4, 2, Lq, Lk, D, Dv)  # GQA: two query heads per key head
     _check(q, k, v, config)
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", WITH_HALF)
 @pytest.mark.parametrize("causal", [True, "bottom-right"])
 @pytest.mark.parametrize("Lq, Lk", [(37, 37), (21, 50), (50, 21)])
 def test_causal(dtype, config, causal, Lq, Lk):
@@ -64,7 +74,7 @@ def test_causal(dtype, config, causal, Lq, Lk):
     _check(q, k, v, config, block_k=2 * config[1], causal=causal)  # a tile of two panels
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", WITH_HALF)
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_lengths(dtype, config, causal):
     """Lengths on, before and after panel boundaries, and 0: that batch's rows give 0."""
@@ -75,7 +85,7 @@ def test_key_lengths(dtype, config, causal):
     assert np.all(got[0] == 0)
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", WITH_HALF)
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_hidden_non_finite(dtype, config, bad):
     """NaN/inf in padded keys and values, and in values the causal mask hides, stay hidden."""
@@ -92,7 +102,7 @@ def test_hidden_non_finite(dtype, config, bad):
     _check(q, k, v, config, causal=True, key_lengths=nr + 2)
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", WITH_HALF)
 def test_visible_nan_makes_its_row_nan(dtype, config):
     q, k, v = _inputs(dtype, 1, 1, 1, 9, 9, 4, 3)
     q[0, 0, 4, 1] = np.nan

@@ -7,6 +7,8 @@ The choice is set here by hand; nothing is timed.  Both paths are checked agains
 reference on odd sizes, both causal alignments, key lengths and GQA.
 """
 
+import ml_dtypes
+import numba
 import numpy as np
 import pytest
 
@@ -166,3 +168,28 @@ def test_plan_chooses_each_dtype_and_reports_it(monkeypatch):
     monkeypatch.setattr(_microplan, "choice", choice)
     assert kernels.plan() == {"float32": "8x16", "float64": "blas"}
     assert kernels.attention_plan() == {"float32": "8x16", "float64": "blas"}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_half_inputs_take_the_micro_path_where_it_packs_fused(monkeypatch, calls, dtype):
+    """float32's stored block serves half inputs where one key head per task is packed
+    (B·Hkv >= FUSE_TASKS_PER_THREAD per thread), never with mods; else the tiles."""
+    _choose(monkeypatch, F32, (4, 32))
+    monkeypatch.setattr(_microkernel, "FUSE_TASKS_PER_THREAD", 1)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    few = _inputs(dtype, 1, 2, 1, 20, 30, 8, 8)  # one key head for two threads: tiles
+    many = _inputs(dtype, 1, 4, 2, 20, 30, 8, 8)
+    kernels.attention(*few, backend="numba")
+    assert calls == []
+    kernels.attention(*many, backend="numba", score_mod=kernels.mods.softcap(20.0))
+    assert calls == []
+    got = kernels.attention(*many, backend="numba")
+    assert calls == [(4, 32)] and got.dtype == np.dtype(dtype)
+    (exact, _), (plain, _) = oracle(*many)
+    assert max_error(got, exact) <= tolerance(exact, plain, np.dtype(dtype))
+
+
+def test_half_inputs_are_never_packed_whole():
+    q, k, v = _inputs(ml_dtypes.bfloat16, 1, 1, 1, 9, 9, 4, 4)
+    with pytest.raises(ValueError, match="fused only"):
+        _microkernel.run(kernels.prepare(q, k, v), (8, 16), fuse=False)

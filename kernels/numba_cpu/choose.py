@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from .._dtypes import is_half
+from .._dtypes import compute_dtype, is_half
 from .._problem import AttentionProblem
 from . import forward, micro_mods, planner
 from . import micro as micro_kernel
@@ -25,14 +25,20 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     ``micro`` is True (the planned block, else the dtype's default), or where
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
-    never take it: its packed K/V panels are float32 or float64 only.
+    take it as float32 does (the float32 plan and choice serve them) where it packs fused
+    (:func:`kernels.numba_cpu.micro.fuses`: each task widens one key head into float32
+    panels, never the whole K and V), and without mods; else the tiles.
     """
-    if (micro is False or is_half(problem.dtype) or problem.mask is not None or problem.dropout_p
+    half_tiles = is_half(problem.dtype) and (problem.mask_mod is not None
+                                             or problem.score_mod is not None
+                                             or not micro_kernel.fuses(problem))
+    if (micro is False or half_tiles or problem.mask is not None or problem.dropout_p
             or problem.return_weights or parallel is False):
         return None
     if micro:
-        stored = planner.stored_choice(problem.dtype)
-        return stored if isinstance(stored, tuple) else micro_kernel.CONFIGS[problem.dtype][0]
+        dtype = compute_dtype(problem.dtype)
+        stored = planner.stored_choice(dtype)
+        return stored if isinstance(stored, tuple) else micro_kernel.CONFIGS[dtype][0]
     if use_blas is not None or (parallel is None and forward.is_small(problem)):
         return None
     return planner.block_for(problem)

@@ -28,11 +28,13 @@ The register block is a compile-time constant (a Numba literal), so every kernel
 ordinary module-level function cached on disk (``cache=True``): one specialisation per
 block and dtype, compiled once per machine.  :mod:`kernels.numba_cpu.planner` chooses the block.
 
-Supported: float32 and float64, GQA, ``causal`` (both alignments, as ``causal_offset``),
-``key_lengths`` and ``scale``; no ``mask``, dropout, weights or mods (the benchmark's
-cases).  Semantics as the numba backend: a row that sees no key gives 0, a visible NaN
-score gives a NaN row, keys past ``key_lengths`` are never read, and a hidden non-finite
-value never reaches an output.
+Supported: float32 and float64, and float16 and bfloat16 inputs (their bits widened to
+float32 panels as they are packed, the queries as their block is copied; the output
+rounded once to the input dtype, lse float32), GQA, ``causal`` (both alignments, as
+``causal_offset``), ``key_lengths`` and ``scale``; no ``mask``, dropout, weights or mods
+(the benchmark's cases).  Semantics as the numba backend: a row that sees no key gives 0,
+a visible NaN score gives a NaN row, keys past ``key_lengths`` are never read, and a
+hidden non-finite value never reaches an output.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import numba
 import numpy as np
 from numba import literally, njit, prange, types
 
+from .._dtypes import bits_dtype, bits_view, compute_dtype, is_half
+from .._jit.half import compute_dtype_of, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from .._validate import check_attention_args
@@ -64,17 +68,18 @@ FUSE_TASKS_PER_THREAD = 4
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
-    """kp_bh = keys of (b, hk) in panels of nr (zero past key_end), vp_bh = padded values."""
+    """kp_bh = keys of (b, hk) in panels of nr (zero past key_end), vp_bh = padded values
+    (half bits widened to the panels' float32 as they are packed)."""
     D, Dv, nr = k.shape[3], v.shape[3], kp_bh.shape[2]
     kp_bh[:] = 0
     vp_bh[:] = 0
     for p in range(kp_bh.shape[0]):
         for j in range(min(nr, key_end - p * nr)):
             for d in range(D):
-                kp_bh[p, d, j] = k[b, hk, p * nr + j, d]
+                kp_bh[p, d, j] = widen(k[b, hk, p * nr + j, d])
     for j in range(key_end):
         for d in range(Dv):
-            vp_bh[j, d] = v[b, hk, j, d]
+            vp_bh[j, d] = widen(v[b, hk, j, d])
 
 
 @njit(parallel=True, cache=True)
@@ -95,15 +100,16 @@ def block_state(q, scale, b, h, i0, i1, block_k, Dv_pad, mr):
     D = q.shape[3]
     n = i1 - i0
     n_pad = -(-n // mr) * mr
-    qb = np.zeros(n_pad * D, dtype=q.dtype)
+    ct = compute_dtype_of(q)  # float32 for half bits
+    qb = np.zeros(n_pad * D, dtype=ct)
     for r in range(n):
         for d in range(D):
-            qb[r * D + d] = q[b, h, i0 + r, d]
-    s = np.empty(n_pad * block_k, dtype=q.dtype)  # scores, then P, rows of block_k
-    acc = np.zeros(n_pad * Dv_pad, dtype=q.dtype)
+            qb[r * D + d] = widen(q[b, h, i0 + r, d])
+    s = np.empty(n_pad * block_k, dtype=ct)  # scores, then P, rows of block_k
+    acc = np.zeros(n_pad * Dv_pad, dtype=ct)
     neg_inf = float_constants(scale)[2]
-    return (qb, s, s.reshape((n_pad, block_k)), acc, np.full(n, neg_inf, dtype=q.dtype),
-            np.zeros(n, dtype=q.dtype), np.zeros(n, dtype=np.bool_))
+    return (qb, s, s.reshape((n_pad, block_k)), acc, np.full(n, neg_inf, dtype=ct),
+            np.zeros(n, dtype=ct), np.zeros(n, dtype=np.bool_))
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -158,12 +164,14 @@ def tile_values(s, vp_f, v0, acc, nk, r_al, block_k, Dv_pad, mr, nr):
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def finish_rows(acc, row_max, row_sum, row_nan, out, lse, b, h, i0, Dv_pad):
-    """out = acc / ℓ, lse = m + log ℓ of the rows (0, -inf: no key seen; NaN: a NaN row)."""
+    """out = acc / ℓ, lse = m + log ℓ of the rows (0, -inf: no key seen; NaN: a NaN row);
+    half bits of out rounded once from float32."""
     zero, one, neg_inf = float_constants(acc[0])
     for r in range(row_max.shape[0]):
         inv = one / row_sum[r] if row_sum[r] > zero else zero
         for d in range(out.shape[3]):
-            out[b, h, i0 + r, d] = zero / zero if row_nan[r] else acc[r * Dv_pad + d] * inv
+            out[b, h, i0 + r, d] = narrow(zero / zero if row_nan[r] else
+                                          acc[r * Dv_pad + d] * inv, out)
         lse[b, h, i0 + r] = (zero / zero if row_nan[r] else
                              row_max[r] + np.log(row_sum[r]) if row_sum[r] > zero else neg_inf)
 
@@ -229,16 +237,16 @@ def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_
     if fuse:  # one launch: a task packs one key head, then runs all its query blocks
         for bh in prange(B * Hkv):
             b, hk = bh // Hkv, bh % Hkv
-            kp = np.empty((n_panels, D, nr), dtype=q.dtype)
-            vp = np.empty((Lk, Dv_pad), dtype=q.dtype)
+            kp = np.empty((n_panels, D, nr), dtype=compute_dtype_of(q))
+            vp = np.empty((Lk, Dv_pad), dtype=compute_dtype_of(q))
             _pack_head(k, v, key_lengths[b], b, hk, kp, vp)
             for task in range(group * n_blocks):
                 h, i0 = hk * group + task // n_blocks, (task % n_blocks) * block_q
                 _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
                         i0, min(i0 + block_q, Lq), block_k, mr, nr)
         return
-    kps = np.empty((B, Hkv, n_panels, D, nr), dtype=q.dtype)
-    vps = np.empty((B, Hkv, Lk, Dv_pad), dtype=q.dtype)
+    kps = np.empty((B, Hkv, n_panels, D, nr), dtype=compute_dtype_of(q))
+    vps = np.empty((B, Hkv, Lk, Dv_pad), dtype=compute_dtype_of(q))
     _pack(k, v, key_lengths, kps, vps)
     for task in prange(B * H * n_blocks):
         bh, block = task // n_blocks, task % n_blocks
@@ -258,28 +266,42 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
     its query blocks (no second launch, no packed copy of the whole K and V), rather than
     a packing launch and then one task per query block; default: fused where there are at
     least :data:`FUSE_TASKS_PER_THREAD` key heads per Numba thread (enough to balance).
+    Half inputs are always fused (``fuse=False`` is a ``ValueError``).
     """
     if (problem.mask is not None or problem.dropout_p or problem.return_weights
             or problem.score_mod is not None or problem.mask_mod is not None):
         raise ValueError("the micro-kernel path takes causal, key_lengths and scale only")
     mr, nr = config
     fuse, out, lse = outputs(problem, fuse)
-    dtype = problem.dtype.type
+    dtype = compute_dtype(problem.dtype).type
     if out.size:
         with launch_guard():
-            _launch((problem.q, problem.k, problem.v, problem.key_lengths_or_full(),
-                     problem.causal_offset is not None, problem.causal_offset or 0,
-                     dtype(problem.scale), out, lse, block_q, -(-block_k // nr) * nr,
-                     bool(fuse)), mr, nr)
+            _launch((bits_view(problem.q), bits_view(problem.k), bits_view(problem.v),
+                     problem.key_lengths_or_full(), problem.causal_offset is not None,
+                     problem.causal_offset or 0, dtype(problem.scale), bits_view(out), lse,
+                     block_q, -(-block_k // nr) * nr, bool(fuse)), mr, nr)
     return out, lse
 
 
+def fuses(problem) -> bool:
+    """Whether :func:`run` fuses packing into the task loop by default: at least
+    :data:`FUSE_TASKS_PER_THREAD` key heads per Numba thread."""
+    B, _, Hkv = problem.shape[:3]
+    return B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads()
+
+
 def outputs(problem, fuse):
-    """``(fuse, out, lse)``: ``fuse`` as :func:`run` decides it, empty out and lse."""
+    """``(fuse, out, lse)``: ``fuse`` as :func:`run` decides it, empty out (the input
+    dtype) and lse (the compute dtype: float32 for half inputs).  Half inputs are always
+    fused: each running task then holds the float32 panels of one key head, never a
+    float32 copy of the whole K and V."""
     B, H, Hkv, Lq, _, _, Dv = problem.shape
-    fuse = B * Hkv >= FUSE_TASKS_PER_THREAD * numba.get_num_threads() if fuse is None else fuse
-    dtype = problem.dtype.type
-    return bool(fuse), np.empty((B, H, Lq, Dv), dtype), np.empty((B, H, Lq), dtype)
+    if fuse is None:
+        fuse = True if is_half(problem.dtype) else fuses(problem)
+    if is_half(problem.dtype) and not fuse:
+        raise ValueError("half inputs take the micro-kernel path fused only (fuse=True)")
+    out = np.empty((B, H, Lq, Dv), bits_dtype(problem.dtype)).view(problem.dtype)
+    return bool(fuse), out, np.empty((B, H, Lq), compute_dtype(problem.dtype))
 
 
 def _launch(args: tuple, mr: int, nr: int, kernel=None) -> None:

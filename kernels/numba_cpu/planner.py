@@ -27,6 +27,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from .._dtypes import compute_dtype
 from .._validate import check_attention_args
 from ..stats import median_interval
 from . import forward
@@ -275,16 +276,17 @@ def block_for(problem):
     :data:`PLAN_WORK_LIMIT` multiply-adds, :func:`choice` now, announced by a
     :class:`PlanningWarning`; else None, without planning.
     """
-    stored = stored_choice(problem.dtype)
+    dtype = compute_dtype(problem.dtype)  # half inputs: float32's choice
+    stored = stored_choice(dtype)
     if stored is None:
         if problem.work < PLAN_WORK_LIMIT:
             return None
         warnings.warn(PlanningWarning(
             f"kernels: timing the numba backend's two tile-product paths for "
-            f"{problem.dtype.name} on this machine (once; the choice is stored in "
+            f"{dtype.name} on this machine (once; the choice is stored in "
             f"{FILENAME} beside Numba's cache). This first call takes ~20-45 s longer; "
             f"kernels.plan() does it ahead of time."), stacklevel=4)
-        return choice(problem.dtype)
+        return choice(dtype)
     return None if stored == "blas" else stored
 
 
