@@ -1,9 +1,10 @@
 """``attnbench bench``'s precision section: half-precision inputs against float32 (issue 25).
 
 The numba backend computes float16 and bfloat16 inputs in float32 from half loads widened
-tile by tile, so a half call does the float32 call's arithmetic on half the bytes.  Each
-group is timed in interleaved rounds (numba backend, B=1, H=12, D=64, the first call of
-each dtype compiles its kernel: the warm-up):
+tile by tile (or into the micro-kernel's float32 panels as they are packed), so a half
+call does the float32 call's arithmetic on half the bytes.  Each group is timed in
+interleaved rounds (numba backend, B=1, H=12, D=64, the first call of each dtype
+compiles its kernel: the warm-up):
 
 - ``prefill``: float32, bfloat16 and float16 forward calls at each of
   ``config.precision_lengths``, causal and not (target: each half time <= 1.10x
