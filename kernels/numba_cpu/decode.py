@@ -73,6 +73,14 @@ def _locate(block_table, b, j0, nk, ps, row_page, row_slot):
             page, slot = page + 1, 0
 
 
+@njit(cache=True, inline="always")
+def _row_indices(row_page, row_slot, n, Hkv, hk, ps, rows):
+    """``rows[jj]``: the row of key jj < n (page ``row_page[jj]``, slot ``row_slot[jj]``)
+    of key/value head hk in the flat cache, ``(page · Hkv + hk) · ps + slot``."""
+    for jj in range(n):
+        rows[jj] = (row_page[jj] * Hkv + hk) * ps + row_slot[jj]
+
+
 @njit(cache=True, fastmath=FASTMATH, inline="always")
 def _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores):
     """``scores[r, jj] = scale · qs[r] · k_jj`` for every row and key of a chunk where
@@ -185,14 +193,12 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
             # causal limit): the loops without the per-pair tests.
             if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
                 if products:
-                    for jj in range(nk):
-                        rows[jj] = (row_page[jj] * Hkv + hk) * ps + row_slot[jj]
+                    _row_indices(row_page, row_slot, nk, Hkv, hk, ps, rows)
                     # The next chunk's rows, prefetched with the scores (row_page and
                     # row_slot are not read again for this chunk on this path).
                     n_ahead = min(CHUNK, j_hi - j1)
                     _locate(block_table, b, j1, n_ahead, ps, row_page, row_slot)
-                    for jj in range(n_ahead):
-                        ahead[jj] = (row_page[jj] * Hkv + hk) * ps + row_slot[jj]
+                    _row_indices(row_page, row_slot, n_ahead, Hkv, hk, ps, ahead)
                     chunk_scores(qf, kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv, ahead,
                                  n_ahead)
                 else:
