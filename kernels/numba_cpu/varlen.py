@@ -46,7 +46,13 @@ from ..mods.lowering import user_names
 from . import config
 from . import mods as cpu_mods
 from .backward import _key_block
-from .forward import _attend_block, _attend_block_user, _calling, mod_functions
+from .forward import (
+    _attend_block,
+    _attend_block_user,
+    _calling,
+    mod_functions,
+    no_mask_arguments,
+)
 from .mods import mask_block_rows
 
 
@@ -128,10 +134,15 @@ def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_r
 
 
 def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
-                  scale, threshold, keep_scale, seed, block_k, narrow_k, blas):
+                  scale, threshold, keep_scale, seed, block_k, narrow_k, blas, mask,
+                  mask_strides, has_mask):
+    """``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.no_mask_arguments`.
+    With them, ``has_mask`` for ``want_weights`` and a batch index 0 computed at run time
+    (a constant would be typed as a literal), the call of :func:`_attend_block` has the
+    types of a dense call without a mask: its compiled code is shared."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
-    mask, mask_strides = _no_dense_mask(qf)  # has_mask is False
     weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qf))
+    batch = np.int64(0)  # each sequence is batch 0 of its (1, H, L, D) blocks
     for t in prange(bins.shape[0]):
         for n in range(bins.shape[1]):
             b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
@@ -140,18 +151,21 @@ def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal
             _attend_block(qf[H * D * q0:H * D * q1].reshape((1, H, q1 - q0, D)),
                           kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, k1 - k0, D)),
                           vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, k1 - k0, Dv)),
-                          mask, mask_strides, False, lengths_k[b:b + 1], causal, offset, scale,
-                          threshold, keep_scale, seed,
+                          mask, mask_strides, has_mask, lengths_k[b:b + 1], causal, offset,
+                          scale, threshold, keep_scale, seed,
                           of[H * Dv * q0:H * Dv * q1].reshape((1, H, q1 - q0, Dv)), weights,
-                          False, 0, h, i0, i1, block_k, narrow_k, blas,
+                          has_mask, batch, h, i0, i1, block_k, narrow_k, blas,
                           lf[H * q0:H * q1].reshape((1, H, q1 - q0)),
                           None, None, None, None, None)
 
 
 def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_right,
-                   scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas):
+                   scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas,
+                   mask, mask_strides, has_mask):
+    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s, so that the call of
+    :func:`kernels.numba_cpu.backward._key_block` shares the dense calls' compiled code."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
-    mask, mask_strides = _no_dense_mask(qf)  # has_mask is False
+    batch = np.int64(0)  # each sequence is batch 0 of its (1, H, L, D) blocks
     for t in prange(bins.shape[0]):
         for n in range(bins.shape[1]):
             b, hk, j0, j1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
@@ -163,11 +177,11 @@ def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bot
                        vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
                        dof[H * Dv * q0:H * Dv * q1].reshape((1, H, Lq, Dv)),
                        lf[H * q0:H * q1].reshape((1, H, Lq)), rf[H * q0:H * q1].reshape((1, H, Lq)),
-                       mask, mask_strides, False, causal, offset, scale, threshold,
+                       mask, mask_strides, has_mask, causal, offset, scale, threshold,
                        keep_scale, seed, dq_parts[t, H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
                        dkf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
                        dvf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
-                       0, hk, j0, j1, block_q, blas, None, None, None, None, None, None)
+                       batch, hk, j0, j1, block_q, blas, None, None, None, None, None, None)
 
 
 FORWARD_FLAT = njit(parallel=True, cache=True)(_forward_flat)
@@ -307,7 +321,7 @@ def run(problem: VarlenProblem):
         args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
                 _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
                 deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
-                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas)
+                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas, *no_mask_arguments())
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             FORWARD_FLAT(*args)
         return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
@@ -350,7 +364,8 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
                 _by_sequence(bits_view(problem.v), cu_k), bits_view(dof),
                 _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
                 row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
-                ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas)
+                ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
+                                        *no_mask_arguments())
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             BACKWARD_FLAT(*args)
         dq = dq_parts.sum(axis=0) * dtype(problem.scale)
