@@ -308,23 +308,13 @@ def mask_arguments(problem: AttentionProblem):
     """
     mask = problem.mask  # bool (read as bytes) or additive, as the caller gave it
     if mask is None:
-        return no_mask_arguments()
+        mask, strides, has_mask = np.zeros(1, dtype=np.bool_), [0] * 4, False
     else:
         strides = [0 if n == 1 else s // mask.itemsize
                    for n, s in zip(mask.shape, mask.strides, strict=True)]
         mask, has_mask = mask.reshape(-1).view(), True
     mask.flags.writeable = False  # a view (or our placeholder): the caller's array is as it was
     return mask, np.array(strides, dtype=np.int64), has_mask
-
-
-def no_mask_arguments():
-    """``(mask, strides, has_mask)`` of a call without a dense mask, as
-    :func:`mask_arguments` gives them: a read-only bool placeholder, so that a kernel
-    calling :func:`_attend_block` without a mask (the packed batches' too) calls the
-    specialisation the dense calls compile."""
-    mask = np.zeros(1, dtype=np.bool_)
-    mask.flags.writeable = False
-    return mask, np.zeros(4, dtype=np.int64), False
 
 
 def mod_functions(problem: AttentionProblem) -> tuple:

@@ -46,13 +46,7 @@ from ..mods.lowering import user_names
 from . import config
 from . import mods as cpu_mods
 from .backward import _key_block
-from .forward import (
-    _attend_block,
-    _attend_block_user,
-    _calling,
-    mod_functions,
-    no_mask_arguments,
-)
+from .forward import _attend_block, _attend_block_user, _calling, mask_arguments, mod_functions
 from .mods import mask_block_rows
 
 
@@ -136,7 +130,8 @@ def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_r
 def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
                   scale, threshold, keep_scale, seed, block_k, narrow_k, blas, mask,
                   mask_strides, has_mask):
-    """``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.no_mask_arguments`.
+    """``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.mask_arguments`
+    of a problem without a dense mask (a read-only bool placeholder, has_mask False).
     With them, ``has_mask`` for ``want_weights`` and a batch index 0 computed at run time
     (a constant would be typed as a literal), the call of :func:`_attend_block` has the
     types of a dense call without a mask: its compiled code is shared."""
@@ -321,7 +316,8 @@ def run(problem: VarlenProblem):
         args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
                 _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
                 deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
-                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas, *no_mask_arguments())
+                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas,
+                                        *mask_arguments(shape_problem))
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             FORWARD_FLAT(*args)
         return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
@@ -365,7 +361,7 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
                 _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
                 row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
                 ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
-                                        *no_mask_arguments())
+                                        *mask_arguments(problem.mods_problem()))
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             BACKWARD_FLAT(*args)
         dq = dq_parts.sum(axis=0) * dtype(problem.scale)
