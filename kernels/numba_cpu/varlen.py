@@ -81,18 +81,11 @@ def _task(bins, t, n, cu_q, cu_k, bottom_right):
     return b, bins[t, n, 1], bins[t, n, 2], bins[t, n, 3], q0, q1, k0, k1, offset
 
 
-@njit(cache=True)
-def _no_dense_mask(x):
-    """The ``mask`` and ``mask_strides`` arguments of a call without a dense mask (in the
-    compute dtype of ``x``: float32 for half bits)."""
-    return np.zeros(1, dtype=compute_dtype_of(x)), np.zeros(4, dtype=np.int64)
-
-
 def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scale, threshold,
-             keep_scale, seed, ot, lset, block_k, narrow_k, blas,
+             keep_scale, seed, ot, lset, block_k, narrow_k, blas, mask, mask_strides, has_mask,
              mask_fn, tile_fn, mask_args, score_fn, score_args):
+    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s."""
     n_seq = cu_q.shape[0] - 1
-    mask, mask_strides = _no_dense_mask(qt)  # has_mask is False
     weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qt))
     for t in prange(bins.shape[0]):  # one bin of tasks per thread
         for n in range(bins.shape[1]):
@@ -100,18 +93,19 @@ def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scal
             if b < 0:
                 break
             _attend_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
-                          _rows(vt, k0, k1, n_seq), mask, mask_strides, False, lengths_k,
+                          _rows(vt, k0, k1, n_seq), mask, mask_strides, has_mask, lengths_k,
                           causal, offset, scale, threshold, keep_scale, seed,
-                          _rows(ot, q0, q1, n_seq), weights, False, b, h, i0, i1, block_k,
+                          _rows(ot, q0, q1, n_seq), weights, has_mask, b, h, i0, i1, block_k,
                           narrow_k, blas, _rows_lse(lset, q0, q1, n_seq),
                           mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
 def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_right, scale,
-              threshold, keep_scale, seed, dq_parts, dkt, dvt, block_q, blas,
-              mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
+              threshold, keep_scale, seed, dq_parts, dkt, dvt, block_q, blas, mask,
+              mask_strides, has_mask, mask_fn, tile_fn, mask_args, score_fn, score_args,
+              grad_fn):
+    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s."""
     n_seq = cu_q.shape[0] - 1
-    mask, mask_strides = _no_dense_mask(qt)  # has_mask is False
     for t in prange(bins.shape[0]):  # one bin per thread; its own copy of dq
         for n in range(bins.shape[1]):
             b, hk, j0, j1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
@@ -120,7 +114,7 @@ def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_r
             _key_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
                        _rows(vt, k0, k1, n_seq), _rows(dot, q0, q1, n_seq),
                        _rows_lse(lset, q0, q1, n_seq), _rows_lse(row_dot, q0, q1, n_seq),
-                       mask, mask_strides, False, causal, offset, scale, threshold,
+                       mask, mask_strides, has_mask, causal, offset, scale, threshold,
                        keep_scale, seed, _rows(dq_parts[t], q0, q1, n_seq),
                        _rows(dkt, k0, k1, n_seq), _rows(dvt, k0, k1, n_seq),
                        b, hk, j0, j1, block_q, blas,
@@ -325,7 +319,7 @@ def run(problem: VarlenProblem):
                   for x in (problem.q, problem.k, problem.v))
     args = (qt, kt, vt, problem.cu_seqlens_q, problem.cu_seqlens_k, problem.lengths_k,
             deal(tasks, costs, threads)) + _common(problem) + (
-        ot, lset, config.BLOCK_K, narrow_k, blas) + mods
+        ot, lset, config.BLOCK_K, narrow_k, blas, *mask_arguments(shape_problem)) + mods
     cached = all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3]))
     with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
         run_user_code(user_names(shape_problem), FORWARD if cached else FORWARD_USER, *args)
@@ -345,6 +339,7 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     bins = deal(tasks, costs, threads)
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     blas = True if config.HAVE_BLAS else None
+    shape_problem = problem.mods_problem()
     if _plain(problem):
         dof, of = _by_sequence(dout, cu_q), _by_sequence(out, cu_q)
         wide = (dof.astype(dtype, copy=False), of.astype(dtype, copy=False))  # half: float32
@@ -361,7 +356,7 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
                 _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
                 row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
                 ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
-                                        *mask_arguments(problem.mods_problem()))
+                                        *mask_arguments(shape_problem))
         with launch_guard(), single_threaded_blas() if blas else nullcontext():
             BACKWARD_FLAT(*args)
         dq = dq_parts.sum(axis=0) * dtype(problem.scale)
@@ -380,12 +375,12 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     mods, names = (None,) * 6, ()
     kernel = BACKWARD
     if problem.score_mod is not None or problem.mask_mod is not None:
-        mods, names = cpu_mods.mod_functions(problem.mods_problem())
+        mods, names = cpu_mods.mod_functions(shape_problem)
         if not cpu_mods.cacheable(mods):
             kernel = BACKWARD_USER
     args = (qt, kt, vt, dot, np.ascontiguousarray(lse), row_dot, problem.cu_seqlens_q,
             problem.cu_seqlens_k, bins) + _common(problem) + (
-        dq_parts, dkt, dvt, config.BACKWARD_BLOCK_Q, blas)
+        dq_parts, dkt, dvt, config.BACKWARD_BLOCK_Q, blas, *mask_arguments(shape_problem))
     with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
         run_user_code(names, kernel, *args, *mods)
     dq = dq_parts.sum(axis=0) * dtype(problem.scale)  # (H, total_q, D)
