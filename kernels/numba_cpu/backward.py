@@ -71,9 +71,10 @@ from .tiles import _mask_tile_count
 @njit(fastmath=FASTMATH, error_model="numpy")
 def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-               b, hk, j0, j1, block_q, blas,
+               b, seq, hk, j0, j1, block_q, blas,
                mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
-    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``).
+    """dK, dV of keys [j0, j1) of (b, hk), and their part of dQ (added into ``dq``); the
+    mods and the dropout see batch ``seq`` (``b``, or a packed sequence's own index).
 
     ``mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's
     mod functions (:func:`kernels.numba_cpu.mods.mod_functions`); with them a tile is
@@ -105,7 +106,7 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
                                                  mask_i, mask_j, rows, nk, neg_inf) == 0:
                     continue  # the mask hides the whole tile
             else:
-                cls = classify(b, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset,
+                cls = classify(seq, h, i0, i1, j0, j1, tile_fn, mask_args, causal, causal_offset,
                                 mask, mask_b, mask_i, mask_j, has_mask, neg_inf)
                 if cls == EMPTY:
                     continue  # nothing of the tile is visible: nothing of it is read
@@ -117,7 +118,7 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
             tile_scores(q_blk, do_blk, k_tile, v_tile, s, dp, blas)
             tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_mask,
                                 causal, causal_offset, scale, threshold, keep_scale, seed,
-                                b, h, i0, j0, cls, mask_fn, mask_args, score_fn, score_args,
+                                b, seq, h, i0, j0, cls, mask_fn, mask_args, score_fn, score_args,
                                 grad_fn)
             add_tile_gradients(s, dp, q_blk, do_blk, k_clean, dq_buf, dk_t, dv_t, dk_acc,
                                dv_acc, dq, b, h, i0, blas)
@@ -138,7 +139,7 @@ def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_l
         j0 = kb * block_k
         _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                    causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
-                   b, hk, j0, min(j0 + block_k, key_end), block_q, blas,
+                   b, b, hk, j0, min(j0 + block_k, key_end), block_q, blas,
                    mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 

@@ -115,10 +115,11 @@ def pair_gradient(p, dpd, delta, threshold, keep_scale, seed, b, h, i, j):
 
 @njit(fastmath=FASTMATH, error_model="numpy")
 def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_mask, causal,
-                        causal_offset, scale, threshold, keep_scale, seed, b, h, i0, j0,
+                        causal_offset, scale, threshold, keep_scale, seed, b, seq, h, i0, j0,
                         cls, mask_fn, mask_args, score_fn, score_args, grad_fn):
     """The pairs of tile (rows i0.., keys j0..) of (b, h): ``s`` (S) becomes dS and ``dp``
     (dO · Vᵀ) becomes Pd; a hidden pair, and every pair of a row that sees no key, gets 0.
+    The mods and the dropout see batch ``seq`` (``b``, or a packed sequence's own index).
 
     ``mask_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's mod
     functions: then the score function and its derivative apply to every pair, and in a
@@ -150,7 +151,7 @@ def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_m
                     pd = zero
                     if seen:
                         ds, pd = pair_gradient(fast_exp(x - row_lse), dp_row[c], delta,
-                                               threshold, keep_scale, seed, b, h, i, j0 + c)
+                                               threshold, keep_scale, seed, seq, h, i, j0 + c)
                     s_row[c] = ds
                     dp_row[c] = pd
             else:
@@ -166,19 +167,19 @@ def tile_pair_gradients(s, dp, lse, row_dot, mask, mask_b, mask_i, mask_j, has_m
             for c in range(nk):
                 jj = j0 + c
                 x = s_row[c] * scale
-                y = score_fn(x, b, h, i, jj, score_args)
+                y = score_fn(x, seq, h, i, jj, score_args)
                 seen = row_lse != neg_inf  # a row that sees no key takes no part
                 if cls != FULL:
                     seen = seen and (not causal or jj <= i + causal_offset) and mask_fn(
-                        b, h, i, jj, mask_args)
+                        seq, h, i, jj, mask_args)
                     if has_mask and seen:
                         y, seen = _mask_score(y, mask[m0 + c * mask_j], neg_inf)
                 ds = zero
                 pd = zero
                 if seen:
                     ds, pd = pair_gradient(fast_exp(y - row_lse), dp_row[c], delta,
-                                           threshold, keep_scale, seed, b, h, i, jj)
-                    ds = ds * grad_fn(x, b, h, i, jj, score_args)
+                                           threshold, keep_scale, seed, seq, h, i, jj)
+                    ds = ds * grad_fn(x, seq, h, i, jj, score_args)
                 s_row[c] = ds
                 dp_row[c] = pd
 

@@ -13,10 +13,9 @@ Per tile it computes
 and divides by ``ℓ`` at the end.  Working memory is O(BLOCK_Q · (BLOCK_K + Dv)) per
 task: no L x L array exists unless ``return_weights`` asks for one.
 
-The two GEMMs go to the BLAS through ``np.dot`` (SciPy's BLAS, as Numba calls it) when
-SciPy is installed, single-threaded inside Numba's threads
-(``kernels._jit.launch.single_threaded_blas``); without SciPy, to plain Numba loops (correct,
-about half as fast).
+The two GEMMs go to SciPy's BLAS through ``np.dot`` (as Numba calls it) when SciPy is
+installed, single-threaded inside Numba's threads (``kernels._jit.launch.single_threaded_blas``);
+without SciPy, to plain Numba loops (correct, about half as fast).
 
 Masking, and what is never read:
 
@@ -82,9 +81,10 @@ from .tiles import (
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                   scale, threshold, keep_scale, seed, out, weights, want_weights,
-                  b, h, i0, i1, block_k, narrow_k, blas, lse,
+                  b, seq, h, i0, i1, block_k, narrow_k, blas, lse,
                   mask_fn, tile_fn, mask_args, score_fn, score_args):
-    """Attention for query rows [i0, i1) of batch b, head h (the online softmax).
+    """Attention for query rows [i0, i1) of batch b, head h (the online softmax); the
+    mods and the dropout see batch ``seq`` (``b``, or a packed sequence's own index).
 
     Also writes ``lse[b, h, i] = m + log ℓ`` (-inf for a row that sees no key).
 
@@ -130,7 +130,7 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
             partial = causal and j1 - 1 > i0 + r_lo + causal_offset
         else:
             # The next tile: a run of non-empty cells, at most block_k keys.
-            j0, j1, full = cell_run(j, key_end, block_k, narrow_k, b, h, i0, i1, tile_fn,
+            j0, j1, full = cell_run(j, key_end, block_k, narrow_k, seq, h, i0, i1, tile_fn,
                                     mask_args, causal, causal_offset, mask, mask_b, mask_i,
                                     mask_j, has_mask, neg_inf)
             j = j1
@@ -164,7 +164,7 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 for c in range(hi):
                     x = s_row[c] * scale
                     if score_fn is not None:
-                        x = score_fn(x, b, h, i, j0 + c, score_args)
+                        x = score_fn(x, seq, h, i, j0 + c, score_args)
                     s_row[c] = x
                     key_max = max(key_max, max_key(x))
             elif mask_fn is not None and not has_mask:  # branch-free: LLVM vectorises them
@@ -172,11 +172,11 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 for c in range(nk):
                     x = s_row[c] * scale
                     if score_fn is not None:
-                        x = score_fn(x, b, h, i, j0 + c, score_args)
+                        x = score_fn(x, seq, h, i, j0 + c, score_args)
                     s_row[c] = x
                 n_visible = 0
                 for c in range(nk):
-                    seen = mask_fn(b, h, i, j0 + c, mask_args) & (j0 + c <= last)
+                    seen = mask_fn(seq, h, i, j0 + c, mask_args) & (j0 + c <= last)
                     s_row[c] = s_row[c] if seen else neg_inf
                     n_visible += seen
                     key_max = max(key_max, max_key(s_row[c]))
@@ -185,12 +185,12 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 for c in range(hi):
                     seen = True
                     if mask_fn is not None and not full:
-                        seen = mask_fn(b, h, i, j0 + c, mask_args)
+                        seen = mask_fn(seq, h, i, j0 + c, mask_args)
                     x = neg_inf
                     if seen:
                         x = s_row[c] * scale
                         if score_fn is not None:
-                            x = score_fn(x, b, h, i, j0 + c, score_args)
+                            x = score_fn(x, seq, h, i, j0 + c, score_args)
                         x, seen = _mask_score(x, mask[m0 + c * mask_j], neg_inf)
                     s_row[c] = x
                     n_visible += seen
@@ -202,7 +202,7 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
                 for c in range(nk):
                     weights[b, h, i, j0 + c] = s_row[c]
             _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan,
-                         correction, threshold, keep_scale, seed, b, h, i, j0)
+                         correction, threshold, keep_scale, seed, seq, h, i, j0)
         v_tile = widen_tile(v[b, hk, j0:j1], v_scratch)  # (nk, Dv)
         o = o_buf[:rows]  # (rows, Dv); hidden pairs have p = 0
         # The loops skip p = 0 and never read a hidden value.  A BLAS product would turn a
@@ -215,7 +215,7 @@ def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, ca
         else:
             _values_by_blas_finite(s, v_tile, o, i0 + r_lo, j0, causal, causal_offset, tile_mask,
                                    mask, mask_b, mask_i, mask_j, neg_inf, full, mask_fn,
-                                   mask_args, b, h)
+                                   mask_args, seq, h)
         _rescale_add(acc, o, correction, r_lo)
 
     _finish_rows(acc, row_max, row_sum, row_nan, out, weights, want_weights, lse, b, h, i0)
@@ -244,10 +244,10 @@ def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, caus
     n_blocks = (Lq + block_q - 1) // block_q
     for task in prange(B * H * n_blocks):  # (batch, head, query block)
         bh, block = _task_block(task, n_blocks)
-        i0 = block * block_q
+        i0, b = block * block_q, bh // H
         _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
-                      bh // H, bh % H, i0, min(i0 + block_q, Lq), block_k, narrow_k, blas, lse,
+                      b, b, bh % H, i0, min(i0 + block_q, Lq), block_k, narrow_k, blas, lse,
                       mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
@@ -262,9 +262,9 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
             for i0 in range(0, Lq, block_q):
                 _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                               causal_offset, scale, threshold, keep_scale, seed, out,
-                              weights, want_weights, b, h, i0, min(i0 + block_q, Lq), block_k,
-                              narrow_k, blas, lse, mask_fn, tile_fn, mask_args, score_fn,
-                              score_args)
+                              weights, want_weights, b, b, h, i0, min(i0 + block_q, Lq),
+                              block_k, narrow_k, blas, lse, mask_fn, tile_fn, mask_args,
+                              score_fn, score_args)
 
 
 def _calling(launcher, **blocks):

@@ -1,25 +1,20 @@
 """The ``numba`` backend of :func:`kernels.attention_varlen` and its backward: packed
 variable-length batches, no padded row or key computed.
 
-The packed arrays (total, H, D) are transposed once to (H, total, D) (an O(total · H · D)
-copy), so a sequence's head is a contiguous run of rows.  A task is (sequence, head,
-block of query rows) in the forward and (sequence, kv head, block of keys) in the
-backward; it runs the dense kernels' own block functions (``forward._attend_block``,
-``backward._key_block``) on a 4-D view of its sequence whose batch axis has stride 0, so
-that batch index b (the sequence index, which the mods and the dropout hash receive)
-addresses that sequence's rows.  The tasks are dealt to the threads by their work
-(visible pairs), longest first (LPT), one bin per thread: the total work is
-Σ_b Lq_b · Lk_b (halved by causal masks), whatever the lengths.
+The packed arrays (total, H, D) are copied once, sequence after sequence, each sequence's
+(H, L_b, D) contiguous (an O(total · H · D) copy).  A task is (sequence, head, block of
+query rows) in the forward and (sequence, kv head, block of keys) in the backward; it runs
+the dense kernels' own block functions (``forward._attend_block``, ``backward._key_block``)
+on its sequence's C-contiguous (1, H, L_b, D) blocks (the BLAS reads the tiles in place),
+with batch index 0 for the arrays and the sequence index b for the mods and the dropout
+hash (the block functions take the two apart).  So a packed call has the types of a dense
+call with the same mods and dtype, and shares its compiled block functions.  The tasks are
+dealt to the threads by their work (visible pairs), longest first (LPT), one bin per
+thread: the total work is Σ_b Lq_b · Lk_b (halved by causal masks), whatever the lengths.
 
-Without mods and dropout nothing reads the batch index but the arrays: then the packed
-arrays are copied sequence after sequence, each (H, L_b, D) contiguous, and a task runs on
-its sequence's (1, H, L_b, D) block with b = 0 (C-contiguous: the BLAS reads the tiles in
-place).  With mods or dropout the (H, total, D) views above are used; they are not
-C-contiguous in Numba's typing, so each tile product copies its operands before the BLAS
-call (measured ~1.4x the dense call's time on one thread).  The micro-kernel path
-(:mod:`kernels.numba_cpu.micro`) is not used here: where the planner chose it for dense
-calls, varlen runs on the BLAS tiles.  Sinks are merged after the kernel by the API, as
-for the dense call.  Half inputs reach the block functions as their bits
+The micro-kernel path (:mod:`kernels.numba_cpu.micro`) is not used here: where the planner
+chose it for dense calls, varlen runs on the BLAS tiles.  Sinks are merged after the kernel
+by the API, as for the dense call.  Half inputs reach the block functions as their bits
 (:func:`kernels._dtypes.bits_view`), as in the dense kernels: K and V tiles are widened
 into float32 scratch per task, lse, Δ and dq's accumulator are float32, and out, dk and
 dv are written as half bits (the sequence-major copies above are of the bits).
@@ -28,8 +23,7 @@ dv are written as half bits (the sequence-major copies above are of the bits).
 from __future__ import annotations
 
 import heapq
-import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numba
 import numpy as np
@@ -51,24 +45,6 @@ from .mods import mask_block_rows
 
 
 @njit(cache=True)
-def _rows(x, start, stop, n_seq):
-    """(H, total, D) -> (n_seq, H, stop - start, D): every batch index is rows [start, stop)."""
-    part = x[:, start:stop]
-    return np.lib.stride_tricks.as_strided(
-        part, shape=(n_seq, part.shape[0], part.shape[1], part.shape[2]),
-        strides=(0, part.strides[0], part.strides[1], part.strides[2]))
-
-
-@njit(cache=True)
-def _rows_lse(x, start, stop, n_seq):
-    """(H, total) -> (n_seq, H, stop - start), as :func:`_rows`."""
-    part = x[:, start:stop]
-    return np.lib.stride_tricks.as_strided(
-        part, shape=(n_seq, part.shape[0], part.shape[1]),
-        strides=(0, part.strides[0], part.strides[1]))
-
-
-@njit(cache=True)
 def _task(bins, t, n, cu_q, cu_k, bottom_right):
     """Task ``n`` of bin ``t`` (see :func:`deal`): ``(b, head, lo, hi, q0, q1, k0, k1,
     offset)``, sequence b's rows [q0, q1) and keys [k0, k1) and its causal offset; b < 0
@@ -81,54 +57,17 @@ def _task(bins, t, n, cu_q, cu_k, bottom_right):
     return b, bins[t, n, 1], bins[t, n, 2], bins[t, n, 3], q0, q1, k0, k1, offset
 
 
-def _forward(qt, kt, vt, cu_q, cu_k, lengths_k, bins, causal, bottom_right, scale, threshold,
-             keep_scale, seed, ot, lset, block_k, narrow_k, blas, mask, mask_strides, has_mask,
-             mask_fn, tile_fn, mask_args, score_fn, score_args):
-    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s."""
-    n_seq = cu_q.shape[0] - 1
-    weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qt))
-    for t in prange(bins.shape[0]):  # one bin of tasks per thread
-        for n in range(bins.shape[1]):
-            b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
-            if b < 0:
-                break
-            _attend_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
-                          _rows(vt, k0, k1, n_seq), mask, mask_strides, has_mask, lengths_k,
-                          causal, offset, scale, threshold, keep_scale, seed,
-                          _rows(ot, q0, q1, n_seq), weights, has_mask, b, h, i0, i1, block_k,
-                          narrow_k, blas, _rows_lse(lset, q0, q1, n_seq),
-                          mask_fn, tile_fn, mask_args, score_fn, score_args)
+def _forward(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
+             scale, threshold, keep_scale, seed, block_k, narrow_k, blas, mask, mask_strides,
+             has_mask, mask_fn, tile_fn, mask_args, score_fn, score_args):
+    """Each task on its sequence's contiguous (1, H, L_b, D) blocks, batch index 0 for the
+    arrays and b for the mods and the dropout.
 
-
-def _backward(qt, kt, vt, dot, lset, row_dot, cu_q, cu_k, bins, causal, bottom_right, scale,
-              threshold, keep_scale, seed, dq_parts, dkt, dvt, block_q, blas, mask,
-              mask_strides, has_mask, mask_fn, tile_fn, mask_args, score_fn, score_args,
-              grad_fn):
-    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s."""
-    n_seq = cu_q.shape[0] - 1
-    for t in prange(bins.shape[0]):  # one bin per thread; its own copy of dq
-        for n in range(bins.shape[1]):
-            b, hk, j0, j1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
-            if b < 0:
-                break
-            _key_block(_rows(qt, q0, q1, n_seq), _rows(kt, k0, k1, n_seq),
-                       _rows(vt, k0, k1, n_seq), _rows(dot, q0, q1, n_seq),
-                       _rows_lse(lset, q0, q1, n_seq), _rows_lse(row_dot, q0, q1, n_seq),
-                       mask, mask_strides, has_mask, causal, offset, scale, threshold,
-                       keep_scale, seed, _rows(dq_parts[t], q0, q1, n_seq),
-                       _rows(dkt, k0, k1, n_seq), _rows(dvt, k0, k1, n_seq),
-                       b, hk, j0, j1, block_q, blas,
-                       mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
-
-
-def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bottom_right,
-                  scale, threshold, keep_scale, seed, block_k, narrow_k, blas, mask,
-                  mask_strides, has_mask):
-    """``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.mask_arguments`
-    of a problem without a dense mask (a read-only bool placeholder, has_mask False).
-    With them, ``has_mask`` for ``want_weights`` and a batch index 0 computed at run time
-    (a constant would be typed as a literal), the call of :func:`_attend_block` has the
-    types of a dense call without a mask: its compiled code is shared."""
+    ``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.mask_arguments` of a
+    problem without a dense mask (a read-only bool placeholder, has_mask False).  With them,
+    ``has_mask`` for ``want_weights`` and a batch index 0 computed at run time (a constant
+    would be typed as a literal), the call of :func:`_attend_block` has the types of a dense
+    call with the same mods: its compiled code is shared."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
     weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qf))
     batch = np.int64(0)  # each sequence is batch 0 of its (1, H, L, D) blocks
@@ -143,16 +82,17 @@ def _forward_flat(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal
                           mask, mask_strides, has_mask, lengths_k[b:b + 1], causal, offset,
                           scale, threshold, keep_scale, seed,
                           of[H * Dv * q0:H * Dv * q1].reshape((1, H, q1 - q0, Dv)), weights,
-                          has_mask, batch, h, i0, i1, block_k, narrow_k, blas,
+                          has_mask, batch, b, h, i0, i1, block_k, narrow_k, blas,
                           lf[H * q0:H * q1].reshape((1, H, q1 - q0)),
-                          None, None, None, None, None)
+                          mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
-def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_right,
-                   scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas,
-                   mask, mask_strides, has_mask):
-    """``mask, mask_strides, has_mask``: as :func:`_forward_flat`'s, so that the call of
-    :func:`kernels.numba_cpu.backward._key_block` shares the dense calls' compiled code."""
+def _backward(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_right,
+              scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas,
+              mask, mask_strides, has_mask, mask_fn, tile_fn, mask_args, score_fn, score_args,
+              grad_fn):
+    """As :func:`_forward`, for :func:`kernels.numba_cpu.backward._key_block`; each bin
+    (thread) adds into its own copy of dq."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
     batch = np.int64(0)  # each sequence is batch 0 of its (1, H, L, D) blocks
     for t in prange(bins.shape[0]):
@@ -170,24 +110,16 @@ def _backward_flat(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bot
                        keep_scale, seed, dq_parts[t, H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
                        dkf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
                        dvf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
-                       batch, hk, j0, j1, block_q, blas, None, None, None, None, None, None)
+                       batch, b, hk, j0, j1, block_q, blas,
+                       mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)
 
 
-FORWARD_FLAT = njit(parallel=True, cache=True)(_forward_flat)
-BACKWARD_FLAT = njit(parallel=True, cache=True)(_backward_flat)
+# Without mods, or with built-ins only (kernels.mods.cache), cached on disk; with a user
+# function, compiled per process (its dispatcher's type cannot be found again).
 FORWARD = njit(parallel=True, cache=True)(_forward)
 FORWARD_USER = njit(parallel=True)(_calling(FORWARD, _attend_block=_attend_block_user))
 BACKWARD = njit(parallel=True, cache=True)(_backward)
 BACKWARD_USER = njit(parallel=True)(_backward)
-
-
-@contextmanager
-def _quiet():
-    """Without Numba's warning, at compile time, that the BLAS is faster on contiguous
-    arrays: the views are strided by design (see the module); their products copy tiles."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", numba.NumbaPerformanceWarning)
-        yield
 
 
 def deal(tasks: list, costs: list, threads: int) -> np.ndarray:
@@ -269,12 +201,6 @@ def _lse_by_sequence(lse, cu):
                           + [np.empty(0, lse.dtype)])
 
 
-def _plain(problem: VarlenProblem) -> bool:
-    """No mods and no dropout: nothing reads the batch index but the arrays, so each
-    sequence runs on contiguous (1, H, L, D) blocks of a sequence-major copy."""
-    return problem.score_mod is None and problem.mask_mod is None and problem.dropout_p == 0
-
-
 def _common(problem: VarlenProblem):
     dtype = compute_dtype(problem.dtype).type  # float32 for half inputs
     return (problem.causal is not False, problem.causal == "bottom-right", dtype(problem.scale),
@@ -287,8 +213,6 @@ def run(problem: VarlenProblem):
     H, _, _, Dv = problem.heads
     total_q = problem.q.shape[0]
     dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
-    ot = np.zeros((H, total_q, Dv), dtype=bits)  # half: the output's bits
-    lset = np.full((H, total_q), -np.inf, dtype=dtype)
     threads = numba.get_num_threads()
     block_q, narrow_k = config.BLOCK_Q, config.BLOCK_K_DIAGONAL
     shape_problem = problem.mods_problem()
@@ -301,36 +225,27 @@ def run(problem: VarlenProblem):
         block_q //= 2
         tasks, costs = _query_tasks(problem, block_q)
     if not tasks:
-        return ot.view(problem.dtype).transpose(1, 0, 2).copy(), lset
+        return (np.zeros((total_q, H, Dv), dtype=problem.dtype),
+                np.full((H, total_q), -np.inf, dtype=dtype))
     blas = True if config.HAVE_BLAS else None
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
-    if _plain(problem):
-        of = np.zeros(ot.size, dtype=bits)
-        lf = np.full(lset.size, -np.inf, dtype=dtype)
-        args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
-                _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
-                deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
-                ) + _common(problem) + (config.BLOCK_K, narrow_k, blas,
-                                        *mask_arguments(shape_problem))
-        with launch_guard(), single_threaded_blas() if blas else nullcontext():
-            FORWARD_FLAT(*args)
-        return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
-    qt, kt, vt = (np.ascontiguousarray(bits_view(x).transpose(1, 0, 2))
-                  for x in (problem.q, problem.k, problem.v))
-    args = (qt, kt, vt, problem.cu_seqlens_q, problem.cu_seqlens_k, problem.lengths_k,
-            deal(tasks, costs, threads)) + _common(problem) + (
-        ot, lset, config.BLOCK_K, narrow_k, blas, *mask_arguments(shape_problem)) + mods
+    of = np.zeros(H * total_q * Dv, dtype=bits)  # half: its bits; sequence-major as below
+    lf = np.full(H * total_q, -np.inf, dtype=dtype)
+    args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
+            _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
+            deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
+            ) + _common(problem) + (config.BLOCK_K, narrow_k, blas,
+                                    *mask_arguments(shape_problem)) + mods
     cached = all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3]))
-    with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
+    with launch_guard(), single_threaded_blas() if blas else nullcontext():
         run_user_code(user_names(shape_problem), FORWARD if cached else FORWARD_USER, *args)
-    return ot.view(problem.dtype).transpose(1, 0, 2).copy(), lset
+    return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
 
 
 def run_backward(problem: VarlenProblem, dout, out, lse):
     """``(dq, dk, dv)`` in the packed layouts from the forward's ``out`` and (keys-only
     marked, see :func:`kernels._sinks.keys_only_lse`) ``lse`` (H, total_q)."""
     H, Hkv, D, Dv = problem.heads
-    total_q, total_k = problem.q.shape[0], problem.k.shape[0]
     dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
     threads = numba.get_num_threads()
     tasks, costs = _key_tasks(problem, config.BACKWARD_BLOCK_K)
@@ -340,50 +255,30 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     blas = True if config.HAVE_BLAS else None
     shape_problem = problem.mods_problem()
-    if _plain(problem):
-        dof, of = _by_sequence(dout, cu_q), _by_sequence(out, cu_q)
-        wide = (dof.astype(dtype, copy=False), of.astype(dtype, copy=False))  # half: float32
-        with np.errstate(invalid="ignore", over="ignore"):  # Δ per row, sequence-major
-            row_dot = np.concatenate(
-                [np.einsum("hid,hid->hi", *(f[H * Dv * cu_q[b]:H * Dv * cu_q[b + 1]].reshape(
-                    H, cu_q[b + 1] - cu_q[b], Dv) for f in wide)).ravel()
-                 for b in range(problem.n_seq)] + [np.empty(0, dtype)])
-        dq_parts = np.zeros((bins.shape[0], problem.q.size), dtype=dtype)
-        dkf = np.zeros(problem.k.size, dtype=bits)
-        dvf = np.zeros(problem.v.size, dtype=bits)
-        args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
-                _by_sequence(bits_view(problem.v), cu_k), bits_view(dof),
-                _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
-                row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
-                ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
-                                        *mask_arguments(shape_problem))
-        with launch_guard(), single_threaded_blas() if blas else nullcontext():
-            BACKWARD_FLAT(*args)
-        dq = dq_parts.sum(axis=0) * dtype(problem.scale)
-        return (rounded_to(_packed_back(dq, cu_q, H, D), problem.dtype),
-                _packed_back(dkf, cu_k, Hkv, D).view(problem.dtype),
-                _packed_back(dvf, cu_k, Hkv, Dv).view(problem.dtype))
-    dq_parts = np.zeros((bins.shape[0], H, total_q, D), dtype=dtype)
-    dkt = np.zeros((Hkv, total_k, D), dtype=bits)  # half: dk's and dv's bits
-    dvt = np.zeros((Hkv, total_k, Dv), dtype=bits)
-    qt, kt, vt, dot, ot = (np.ascontiguousarray(x.transpose(1, 0, 2))
-                           for x in (problem.q, problem.k, problem.v, dout, out))
-    with np.errstate(invalid="ignore", over="ignore"):  # (H, total_q); unread where lse = -inf
-        row_dot = np.einsum("hid,hid->hi", dot.astype(dtype, copy=False),
-                            ot.astype(dtype, copy=False))
-    qt, kt, vt, dot = (bits_view(x) for x in (qt, kt, vt, dot))
-    mods, names = (None,) * 6, ()
-    kernel = BACKWARD
+    dof, of = _by_sequence(dout, cu_q), _by_sequence(out, cu_q)
+    wide = (dof.astype(dtype, copy=False), of.astype(dtype, copy=False))  # half: float32
+    with np.errstate(invalid="ignore", over="ignore"):  # Δ per row, sequence-major
+        row_dot = np.concatenate(
+            [np.einsum("hid,hid->hi", *(f[H * Dv * cu_q[b]:H * Dv * cu_q[b + 1]].reshape(
+                H, cu_q[b + 1] - cu_q[b], Dv) for f in wide)).ravel()
+             for b in range(problem.n_seq)] + [np.empty(0, dtype)])
+    dq_parts = np.zeros((bins.shape[0], problem.q.size), dtype=dtype)
+    dkf = np.zeros(problem.k.size, dtype=bits)
+    dvf = np.zeros(problem.v.size, dtype=bits)
+    mods, names, kernel = (None,) * 6, (), BACKWARD
     if problem.score_mod is not None or problem.mask_mod is not None:
         mods, names = cpu_mods.mod_functions(shape_problem)
         if not cpu_mods.cacheable(mods):
             kernel = BACKWARD_USER
-    args = (qt, kt, vt, dot, np.ascontiguousarray(lse), row_dot, problem.cu_seqlens_q,
-            problem.cu_seqlens_k, bins) + _common(problem) + (
-        dq_parts, dkt, dvt, config.BACKWARD_BLOCK_Q, blas, *mask_arguments(shape_problem))
-    with launch_guard(), single_threaded_blas() if blas else nullcontext(), _quiet():
-        run_user_code(names, kernel, *args, *mods)
-    dq = dq_parts.sum(axis=0) * dtype(problem.scale)  # (H, total_q, D)
-    return (rounded_to(dq.transpose(1, 0, 2).copy(), problem.dtype),
-            dkt.view(problem.dtype).transpose(1, 0, 2).copy(),
-            dvt.view(problem.dtype).transpose(1, 0, 2).copy())
+    args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
+            _by_sequence(bits_view(problem.v), cu_k), bits_view(dof),
+            _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
+            row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
+            ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
+                                    *mask_arguments(shape_problem)) + mods
+    with launch_guard(), single_threaded_blas() if blas else nullcontext():
+        run_user_code(names, kernel, *args)
+    dq = dq_parts.sum(axis=0) * dtype(problem.scale)
+    return (rounded_to(_packed_back(dq, cu_q, H, D), problem.dtype),
+            _packed_back(dkf, cu_k, Hkv, D).view(problem.dtype),
+            _packed_back(dvf, cu_k, Hkv, Dv).view(problem.dtype))
