@@ -84,11 +84,17 @@ def test_ctrl_c_in_the_agreement_check_exits_130_without_a_traceback(tmp_path, m
 
 @pytest.mark.slow  # the agreement grid in the CUDA simulator: left out of the quick lane
 @pytest.mark.cuda
-def test_the_agreement_grid_checks_cuda_in_half_precision_too():
+def test_the_agreement_grid_checks_cuda_in_half_precision_too(monkeypatch):
     """cuda's half rows are in the grid (no backend's dtype is left out) and agree, in
     Numba's CUDA simulator without a GPU; bfloat16 only (its float32 rows are the ones
-    tests/test_cuda.py checks, and each dtype doubles the simulator's time)."""
+    tests/test_cuda.py checks, and each dtype doubles the simulator's time).  A simulated
+    kernel's time means nothing: each row is timed by one call, not a warm-up and three."""
+    from attnbench.sweep import agreement
     from attnbench.sweep.agreement import agreement_table
+
+    measure = agreement.measure
+    monkeypatch.setattr(agreement, "measure", lambda fn, **kw: measure(
+        fn, **{**kw, "warmup": 0, "repeat": 1, "min_repeat": 1, "number": 1}))
 
     table = agreement_table("tiny", backends=["cuda"], dtypes=(ml_dtypes.bfloat16,),
                             max_time=0.001, settle=0.0, with_machine=False)

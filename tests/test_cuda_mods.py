@@ -187,6 +187,8 @@ variants = {
 result = {}
 for dtype in (np.float32, np.float64):
     for name, kwargs in variants.items():
+        if dtype == np.float64 and name != "and/or+chain":
+            continue  # float64: the variant with every kind of mod, as a compile check
         p = kernels.prepare(q.astype(dtype), q.astype(dtype), q.astype(dtype), **kwargs)
         ptx = _cuda_mods.compile_ptx(p, cc=(8, 0))
         kernels_ptx = {"forward": ptx, **cuda_backward.compile_mods_ptx(p, cc=(8, 0))}
@@ -202,9 +204,10 @@ print(json.dumps(result))
 @pytest.mark.slow  # every mod kernel compiled to PTX: left out of the quick lane
 def test_ptx_of_mod_kernels():
     """Every built-in and a user function compile for the device, forward and backward
-    (dkdv, dq); float32 stays float32."""
+    (dkdv, dq); float32 stays float32.  In float64 only the combined variant (and/or masks,
+    a chain of scores): a mod's code is the same for both dtypes."""
     result = run_ptx_script(_PTX_SCRIPT)
-    assert len(result) == 24
+    assert len(result) == 15
     for name, info in result.items():
         assert info["entry"], name
         if name.endswith("float32"):
