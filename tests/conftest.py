@@ -6,6 +6,7 @@ cuda backend is tested in the simulator; with one, on the GPU.  Set
 NUMBA_ENABLE_CUDASIM yourself to override.
 """
 
+import collections
 import os
 
 import pytest
@@ -138,3 +139,36 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+    items.sort(key=_file_rank(items))
+
+
+# --- the order of the files ------------------------------------------------------------------
+# Under ``--dist loadfile`` each worker takes a whole file at a time.  pytest-xdist queues
+# the files by their number of tests, so a long file of few tests (test_end_to_end.py: 7
+# tests, ~200 s) started last and kept one worker busy for a minute after the others had
+# finished.  The files are queued longest first instead (LPT scheduling), by the wall time
+# they took in a fresh run (2 cores, 3 workers, 2026-12-04), the rest by number of tests.
+
+#: The longest files, longest first (seconds in that run: 200, 256, 203, 148, ...).
+LONG_FILES = ("test_end_to_end.py", "test_mods.py", "test_half.py", "test_perturbation.py",
+              "test_docs_site.py", "test_micro_mods.py", "test_backward.py",
+              "test_cuda_mods.py", "test_varlen.py", "test_cuda_half.py",
+              "test_mods_backward.py", "test_numba_tiling.py", "test_varlen_half.py",
+              "test_cuda.py", "test_attention.py", "test_bench.py", "test_backward_cache.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
+        config.option.loadscopereorder = False
+
+
+def _file_rank(items):
+    """Sort key of an item: its file's place in LONG_FILES, then the others by their number
+    of tests (most first); a file's tests stay together and in their order."""
+    counts = collections.Counter(str(item.path) for item in items)
+
+    def rank(item):
+        name = item.path.name
+        first = LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
+        return first, -counts[str(item.path)], str(item.path)
+    return rank
