@@ -36,18 +36,6 @@ def _numba_backend_on_its_blas_tiles(monkeypatch):
     monkeypatch.setattr(_microplan, "PLAN_WORK_LIMIT", float("inf"))
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config):
-    """``-n logical`` (the README's command) or ``-n auto``: one worker more than the CPUs
-    this process may run on.  Two workers on two cores left ~15% of the CPU time idle (tests
-    waiting on a subprocess, a timeout or a file); a third fills it.
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` chooses N, as pytest-xdist's own hook allows."""
-    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    if chosen:
-        return int(chosen)
-    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else None
-
-
 def pytest_sessionfinish(session):
     """Under pytest-xdist, a worker hands its comparisons to the controller, which prints
     the summary below (``workeroutput`` exists on workers only)."""
