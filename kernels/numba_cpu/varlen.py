@@ -201,6 +201,13 @@ def _lse_by_sequence(lse, cu):
                           + [np.empty(0, lse.dtype)])
 
 
+def _qkv_by_sequence(problem: VarlenProblem):
+    """q, k and v (their bits, for half inputs) sequence-major, as :func:`_by_sequence`."""
+    return (_by_sequence(bits_view(problem.q), problem.cu_seqlens_q),
+            _by_sequence(bits_view(problem.k), problem.cu_seqlens_k),
+            _by_sequence(bits_view(problem.v), problem.cu_seqlens_k))
+
+
 def _common(problem: VarlenProblem):
     dtype = compute_dtype(problem.dtype).type  # float32 for half inputs
     return (problem.causal is not False, problem.causal == "bottom-right", dtype(problem.scale),
@@ -231,8 +238,7 @@ def run(problem: VarlenProblem):
     cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
     of = np.zeros(H * total_q * Dv, dtype=bits)  # half: its bits; sequence-major as below
     lf = np.full(H * total_q, -np.inf, dtype=dtype)
-    args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
-            _by_sequence(bits_view(problem.v), cu_k), of, lf, cu_q, cu_k, problem.lengths_k,
+    args = (*_qkv_by_sequence(problem), of, lf, cu_q, cu_k, problem.lengths_k,
             deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
             ) + _common(problem) + (config.BLOCK_K, narrow_k, blas,
                                     *mask_arguments(shape_problem)) + mods
@@ -270,8 +276,7 @@ def run_backward(problem: VarlenProblem, dout, out, lse):
         mods, names = cpu_mods.mod_functions(shape_problem)
         if not cpu_mods.cacheable(mods):
             kernel = BACKWARD_USER
-    args = (_by_sequence(bits_view(problem.q), cu_q), _by_sequence(bits_view(problem.k), cu_k),
-            _by_sequence(bits_view(problem.v), cu_k), bits_view(dof),
+    args = (*_qkv_by_sequence(problem), bits_view(dof),
             _lse_by_sequence(np.ascontiguousarray(lse), cu_q),
             row_dot, cu_q, cu_k, bins, np.array(problem.heads, dtype=np.int64)
             ) + _common(problem) + (dq_parts, dkf, dvf, config.BACKWARD_BLOCK_Q, blas,
