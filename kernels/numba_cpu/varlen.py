@@ -12,8 +12,9 @@ call with the same mods and dtype, and shares its compiled block functions.  The
 dealt to the threads by their work (visible pairs), longest first (LPT), one bin per
 thread: the total work is Σ_b Lq_b · Lk_b (halved by causal masks), whatever the lengths.
 
-The micro-kernel path (:mod:`kernels.numba_cpu.micro`) is not used here: where the planner
-chose it for dense calls, varlen runs on the BLAS tiles.  Sinks are merged after the kernel
+Where the planner chose the micro-kernel path for dense calls of the dtype, a plain packed
+call (no mods, no dropout) takes it too (:mod:`kernels.numba_cpu.varlen_micro`); calls
+with mods or dropout, and the backward, run on the tiles.  Sinks are merged after the kernel
 by the API, as for the dense call.  Half inputs reach the block functions as their bits
 (:func:`kernels._dtypes.bits_view`), as in the dense kernels: K and V tiles are widened
 into float32 scratch per task, lse, Δ and dq's accumulator are float32, and out, dk and
@@ -37,10 +38,11 @@ from .._varlen_problem import VarlenProblem
 from ..mods import cache as mods_cache
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
-from . import config
+from . import config, planner, varlen_micro
 from . import mods as cpu_mods
 from .backward import _key_block
 from .forward import _attend_block, _attend_block_user, _calling, mask_arguments, mod_functions
+from .micro import CONFIGS as MICRO_CONFIGS
 from .mods import mask_block_rows
 
 
@@ -215,12 +217,45 @@ def _common(problem: VarlenProblem):
             dtype(1.0 / (1.0 - problem.dropout_p)), np.uint64(problem.seed))
 
 
-def run(problem: VarlenProblem):
-    """``(out (total_q, H, Dv), lse (H, total_q))`` of a validated packed call, no sinks."""
+def micro_block(problem: VarlenProblem, micro: bool | None = None):
+    """The register block of the micro-kernel path for this packed call, or None (the tiles).
+
+    Plain calls only (no mods, no dropout); where ``micro`` is None, the block the planner
+    stored for the dtype (float32's for half inputs) where it chose the micro-kernel
+    (:func:`kernels.numba_cpu.planner.stored_choice`: a packed call never plans); where it
+    is True, that block or the dtype's default; never where it is False.
+    """
+    if (micro is False or problem.mask_mod is not None or problem.score_mod is not None
+            or problem.dropout_p):
+        return None
+    dtype = compute_dtype(problem.dtype)
+    stored = planner.stored_choice(dtype)
+    if isinstance(stored, tuple):
+        return stored
+    return MICRO_CONFIGS[dtype][0] if micro else None
+
+
+def run(problem: VarlenProblem, micro: bool | None = None):
+    """``(out (total_q, H, Dv), lse (H, total_q))`` of a validated packed call, no sinks;
+    ``micro``: as :func:`micro_block`."""
     H, _, _, Dv = problem.heads
-    total_q = problem.q.shape[0]
-    dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
+    total_q, cu_q = problem.q.shape[0], problem.cu_seqlens_q
+    of = np.zeros(H * total_q * Dv, dtype=bits_dtype(problem.dtype))  # half: its bits
+    lf = np.full(H * total_q, -np.inf, dtype=compute_dtype(problem.dtype))  # sequence-major
     threads = numba.get_num_threads()
+    block = micro_block(problem, micro)
+    if block is None:
+        _run_tiles(problem, of, lf, threads)
+    else:
+        tasks, costs = varlen_micro.split_tasks(problem, threads)
+        if tasks:
+            varlen_micro.run(problem, block, of, lf, _qkv_by_sequence(problem),
+                             deal(tasks, costs, threads))
+    return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
+
+
+def _run_tiles(problem: VarlenProblem, of, lf, threads: int) -> None:
+    """Fill ``of`` and ``lf`` (as :func:`kernels.numba_cpu.varlen_micro.run`) on the tiles."""
     block_q, narrow_k = config.BLOCK_Q, config.BLOCK_K_DIAGONAL
     shape_problem = problem.mods_problem()
     mods = mod_functions(shape_problem)
@@ -232,20 +267,16 @@ def run(problem: VarlenProblem):
         block_q //= 2
         tasks, costs = _query_tasks(problem, block_q)
     if not tasks:
-        return (np.zeros((total_q, H, Dv), dtype=problem.dtype),
-                np.full((H, total_q), -np.inf, dtype=dtype))
+        return
     blas = True if config.HAVE_BLAS else None
-    cu_q, cu_k = problem.cu_seqlens_q, problem.cu_seqlens_k
-    of = np.zeros(H * total_q * Dv, dtype=bits)  # half: its bits; sequence-major as below
-    lf = np.full(H * total_q, -np.inf, dtype=dtype)
-    args = (*_qkv_by_sequence(problem), of, lf, cu_q, cu_k, problem.lengths_k,
-            deal(tasks, costs, threads), np.array(problem.heads, dtype=np.int64)
+    args = (*_qkv_by_sequence(problem), of, lf, problem.cu_seqlens_q, problem.cu_seqlens_k,
+            problem.lengths_k, deal(tasks, costs, threads),
+            np.array(problem.heads, dtype=np.int64)
             ) + _common(problem) + (config.BLOCK_K, narrow_k, blas,
                                     *mask_arguments(shape_problem)) + mods
     cached = all(f is None or mods_cache.all_cached(f) for f in (mods[0], mods[1], mods[3]))
     with launch_guard(), single_threaded_blas() if blas else nullcontext():
         run_user_code(user_names(shape_problem), FORWARD if cached else FORWARD_USER, *args)
-    return _packed_back(of, cu_q, H, Dv).view(problem.dtype), _lse_packed_back(lf, cu_q, H)
 
 
 def run_backward(problem: VarlenProblem, dout, out, lse):
