@@ -154,3 +154,21 @@ def small_cuda_tiles(request, monkeypatch, compile_only=()) -> None:
         pytest.skip(why)
     monkeypatch.setattr(launch, "BLOCK_Q", 4)
     monkeypatch.setattr(launch, "BLOCK_K", 4)
+
+
+def bench_without_pauses(patch: pytest.MonkeyPatch) -> None:
+    """``attnbench bench``'s sections without the pause after each timed batch (``settle``:
+    it lets a real measurement's threads go idle) and without extra rounds for a noisy median
+    (``REMEASURE_SECONDS``): the tests of the bench check what it reports, and nothing they
+    time is a measurement (together 32 of the tiny smoke run's 46 s, and 21 s of the decode
+    section's test, were such pauses and rounds)."""
+    from attnbench.bench import sections
+
+    real = sections.timing_interleaved
+
+    def without_pauses(*args, **kwargs):
+        return real(*args, **dict(kwargs, settle=0.0))
+
+    patch.setattr(sections, "timing_interleaved", without_pauses)
+    patch.setattr(sections, "REMEASURE_SECONDS", 0.0)
+

@@ -18,6 +18,8 @@ from attnbench.cli import main
 from attnbench.measure import peers
 from attnbench.measure.intervals import format_samples
 
+from .support import bench_without_pauses
+
 TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", "128",
         "--float64-L", "64", "--memory-L", "128", "--tiny-L", "32", "--padding-L", "128",
         "--parallel-L", "128", "--startup-runs", "1",
@@ -29,7 +31,9 @@ TINY = ["--L", "64", "128", "--D", "16", "32", "--rounds", "2", "--peak-min-L", 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    status = main(["bench", *TINY, "--out", str(out)])
+    with pytest.MonkeyPatch.context() as patch:
+        bench_without_pauses(patch)
+        status = main(["bench", *TINY, "--out", str(out)])
     return status, out
 
 
@@ -136,7 +140,7 @@ def grad_and_variants():
         score_length=64, window_backward_length=80, sections=("backward", "variants"),
         peers=("torch",))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench_sections, "REMEASURE_SECONDS", 0.0)  # no extra rounds
+        bench_without_pauses(patch)
         table, meta = run_bench(config, progress=lambda line: None)
     return config, table, meta
 

@@ -11,6 +11,8 @@ from attnbench.bench.run import run_bench
 from attnbench.bench.targets import targets_table
 from attnbench.measure.bandwidth import bandwidth_record, read_bandwidth_gbs
 
+from .support import bench_without_pauses
+
 
 def test_the_bandwidth_probe_is_in_the_machine_record():
     from attnbench.measure.machine import machine_record
@@ -22,7 +24,8 @@ def test_the_bandwidth_probe_is_in_the_machine_record():
 
 
 @pytest.mark.slow  # an end-to-end run of the section: left out of the quick lane
-def test_decode_section_rows_and_targets():
+def test_decode_section_rows_and_targets(monkeypatch):
+    bench_without_pauses(monkeypatch)
     config = replace(QUICK, sections=("decode",), rounds=6, interval_rounds=6, min_time=0.0,
                      decode_length=512, decode_batch_length=128, decode_mqa_length=1024,
                      peers=())

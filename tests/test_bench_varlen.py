@@ -7,9 +7,10 @@ import pytest
 
 from attnbench.bench import config as bench_config
 from attnbench.bench import interval_targets
-from attnbench.bench import sections as bench_sections
 from attnbench.bench.run import run_bench
 from attnbench.bench.targets import targets_table
+
+from .support import bench_without_pauses
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def varlen_run():
                                       varlen_lengths=(40, 9, 0, 3), sinks_length=48,
                                       sections=("varlen",), peers=())
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench_sections, "REMEASURE_SECONDS", 0.0)
+        bench_without_pauses(patch)
         table, _ = run_bench(config, progress=lambda line: None)
     return config, table
 
