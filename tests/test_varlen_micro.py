@@ -63,7 +63,7 @@ def test_bit_identical_to_each_dense_micro_call(taken, dtype, causal):
     """Rows past a block of 64, keys past a tile of 256, GQA 4/2, Lq != Lk both ways."""
     q, k, v, cu_q, cu_k = _packed([70, 5, 300], [90, 5, 260], 4, 2, 16, 12, dtype)
     out, lse = kernels.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
-    assert out.dtype == q.dtype
+    assert out.dtype == q.dtype and taken == [micro.CONFIGS[F32][0]]
     for b in range(len(cu_q) - 1):
         dense_out, dense_lse = _dense_alone(q, k, v, cu_q, cu_k, b, causal)
         rows = slice(cu_q[b], cu_q[b + 1])
