@@ -171,4 +171,3 @@ def bench_without_pauses(patch: pytest.MonkeyPatch) -> None:
 
     patch.setattr(sections, "timing_interleaved", without_pauses)
     patch.setattr(sections, "REMEASURE_SECONDS", 0.0)
-
