@@ -19,7 +19,7 @@ from kernels.numba_cpu import choose, config
 from kernels.numba_cpu import micro as _microkernel
 from kernels.numba_cpu import planner as _microplan
 
-from .support import COMPARISONS, max_error, oracle
+from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -103,6 +103,15 @@ def test_what_the_micro_path_cannot_do_or_was_not_asked_stays_on_the_tiles(
         monkeypatch.setattr(config, "SERIAL_WORK_LIMIT", float("inf"))
     choose.run(problem, **run)
     assert calls == []
+
+
+def test_values_of_width_zero_take_the_tiles_and_get_their_lse(monkeypatch, calls):
+    """Dv = 0: the micro path would launch nothing and leave lse unset (it did)."""
+    _choose(monkeypatch, F32, _microkernel.CONFIGS[F32][0])
+    q, k, v = _inputs(np.float32, 1, 2, 2, 70, 70, 8, 0)
+    out, lse = kernels.attention(q, k, v, backend="numba", return_lse=True)
+    assert calls == [] and out.shape == (1, 2, 70, 0)
+    assert_lse_near_the_oracle(lse, kernels.prepare(q, k, v))
 
 
 def test_micro_true_forces_the_path_without_planning(monkeypatch, calls):

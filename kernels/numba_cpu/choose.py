@@ -21,7 +21,8 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     """The register block of the micro-kernel path for this call, or None for the tiles.
 
     The path computes no dense mask, dropout or weights (mods it does: the same choice as
-    the call without them) and runs parallel; it is taken where
+    the call without them), no values of width Dv = 0 (it launches nothing then, and lse
+    would be left unset) and runs parallel; it is taken where
     ``micro`` is True (the planned block, else the dtype's default), or where
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
@@ -33,7 +34,7 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
                                              or problem.score_mod is not None
                                              or not micro_kernel.fuses(problem))
     if (micro is False or half_tiles or problem.mask is not None or problem.dropout_p
-            or problem.return_weights or parallel is False):
+            or problem.return_weights or parallel is False or problem.shape[-1] == 0):
         return None
     if micro:
         dtype = compute_dtype(problem.dtype)

@@ -220,13 +220,13 @@ def _common(problem: VarlenProblem):
 def micro_block(problem: VarlenProblem, micro: bool | None = None):
     """The register block of the micro-kernel path for this packed call, or None (the tiles).
 
-    Plain calls only (no mods, no dropout); where ``micro`` is None, the block the planner
-    stored for the dtype (float32's for half inputs) where it chose the micro-kernel
+    Plain calls only (no mods, no dropout, Dv > 0); where ``micro`` is None, the block the
+    planner stored for the dtype (float32's for half inputs) where it chose the micro-kernel
     (:func:`kernels.numba_cpu.planner.stored_choice`: a packed call never plans); where it
     is True, that block or the dtype's default; never where it is False.
     """
     if (micro is False or problem.mask_mod is not None or problem.score_mod is not None
-            or problem.dropout_p):
+            or problem.dropout_p or problem.heads[3] == 0):
         return None
     dtype = compute_dtype(problem.dtype)
     stored = planner.stored_choice(dtype)

@@ -1,17 +1,18 @@
 """The packed forward (:func:`kernels.attention_varlen`, ``numba``) on the micro-kernel path.
 
 Where the planner chose the register-blocked micro-kernel for dense calls of the dtype
-(:mod:`kernels.numba_cpu.planner`), a plain packed call (no ``mask_mod``, ``score_mod``
-or dropout) takes it too, so that a packed batch runs the code its sequences would run as
-dense calls.  A task is (sequence b, key head hk, a range of query rows): it packs the
-keys and values of (b, hk) that its rows can see into panels
-(:func:`kernels.numba_cpu.micro._pack_head`), then runs the dense micro-kernel's query
-blocks (:func:`kernels.numba_cpu.micro._attend`) for each query head of hk's group over
-its rows, on the sequence's C-contiguous (1, H, L_b, D) blocks of the sequence-major
-copies :mod:`kernels.numba_cpu.varlen` makes.  A sequence's rows are one task unless
-there are fewer than four tasks per thread; then they are split (each part packs the keys
-it sees again: under a causal mask, only those).  Tasks are dealt to the threads by their
-work, longest first (:func:`kernels.numba_cpu.varlen.deal`).
+(:mod:`kernels.numba_cpu.planner`), a plain packed call (no ``mask_mod``, ``score_mod`` or
+dropout) takes it too, so that a packed batch runs the micro-kernel its large dense calls
+run (small dense calls, and half ones without enough heads to fuse, run the tiles). A task
+is (sequence b, key head hk, a range of query rows): it packs the keys and values of (b,
+hk) that its rows can see into panels (:func:`kernels.numba_cpu.micro._pack_head`), then
+runs the dense micro-kernel's query blocks (:func:`kernels.numba_cpu.micro._attend`) for
+each query head of hk's group over its rows, on the sequence's C-contiguous (1, H, L_b, D)
+blocks of the sequence-major copies :mod:`kernels.numba_cpu.varlen` makes. A sequence's
+rows are one task unless there are fewer than four tasks per thread or one task holds more
+than a thread's share of the work; then they are split (each part packs the keys it sees
+again: under a causal mask, only those). Tasks are dealt to the threads by their work,
+longest first (:func:`kernels.numba_cpu.varlen.deal`).
 
 Half inputs: their bits, widened into the float32 panels as they are packed (one key
 head per task, never a float32 copy of K or V), out rounded once to the input dtype.
@@ -64,8 +65,10 @@ def _kernel(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, bottom_right
 
 def tasks(problem: VarlenProblem, rows: int, block_q: int = BLOCK_Q):
     """``(tasks, costs)``: ``(b, hk, i0, i1)`` for each key head of each sequence's rows in
-    parts of ``rows`` (a multiple of ``block_q``), with the work of each (visible pairs of
-    its group); none for rows that see no key (the output is 0 there already)."""
+    parts of ``rows`` (a multiple of ``block_q``), with the work of each (its group's rows
+    times the keys its last row sees: the visible pairs, or a bound on them under a causal
+    mask, plus the keys it packs); none for rows that see no key (the output is 0 there
+    already)."""
     H, Hkv = problem.heads[:2]
     found, costs = [], []
     for b, (Lq, Lk) in enumerate(zip(problem.lengths_q, problem.lengths_k, strict=True)):
@@ -82,12 +85,15 @@ def tasks(problem: VarlenProblem, rows: int, block_q: int = BLOCK_Q):
 
 
 def split_tasks(problem: VarlenProblem, threads: int, block_q: int = BLOCK_Q):
-    """:func:`tasks` with the longest part that still gives four tasks per thread (whole
-    sequences where there are enough), or parts of ``block_q`` rows."""
+    """:func:`tasks` in the longest parts that give four tasks per thread and no task more
+    work than a thread's share (whole sequences where that holds), or parts of ``block_q``
+    rows.  Each halving of the parts packs the keys of a sequence's head once more per part,
+    so sequences are split only as far as the balance needs."""
     longest = int(problem.lengths_q.max(initial=0))
     rows = max(block_q, -(-longest // block_q) * block_q)
     found, costs = tasks(problem, rows, block_q)
-    while len(found) < 4 * threads and rows > block_q:
+    while rows > block_q and (len(found) < 4 * threads
+                              or max(costs) * max(threads, 1) > sum(costs)):
         rows = max(block_q, -(-(rows // 2) // block_q) * block_q)
         found, costs = tasks(problem, rows, block_q)
     return found, costs
