@@ -37,9 +37,7 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
             or problem.return_weights or parallel is False or problem.shape[-1] == 0):
         return None
     if micro:
-        dtype = compute_dtype(problem.dtype)
-        stored = planner.stored_choice(dtype)
-        return stored if isinstance(stored, tuple) else micro_kernel.CONFIGS[dtype][0]
+        return planner.stored_block(compute_dtype(problem.dtype), default=True)
     if use_blas is not None or (parallel is None and forward.is_small(problem)):
         return None
     return planner.block_for(problem)

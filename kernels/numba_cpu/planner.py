@@ -269,6 +269,17 @@ def stored_choice(dtype):
     return None if stored == NOT_PLANNED else stored or "blas"
 
 
+def stored_block(dtype, *, default: bool = False):
+    """The register block stored for ``dtype`` where the planner chose the micro-kernel
+    (:func:`stored_choice`); else the dtype's default block (the first of :data:`CONFIGS`)
+    if ``default``, else None.  Never plans."""
+    dtype = np.dtype(dtype)
+    stored = stored_choice(dtype)
+    if isinstance(stored, tuple):
+        return stored
+    return CONFIGS[dtype][0] if default else None
+
+
 def block_for(problem):
     """The register block the numba backend should use for ``problem``, or None (BLAS).
 

@@ -42,7 +42,6 @@ from . import config, planner, varlen_micro
 from . import mods as cpu_mods
 from .backward import _key_block
 from .forward import _attend_block, _attend_block_user, _calling, mask_arguments, mod_functions
-from .micro import CONFIGS as MICRO_CONFIGS
 from .mods import mask_block_rows
 
 
@@ -222,17 +221,13 @@ def micro_block(problem: VarlenProblem, micro: bool | None = None):
 
     Plain calls only (no mods, no dropout, Dv > 0); where ``micro`` is None, the block the
     planner stored for the dtype (float32's for half inputs) where it chose the micro-kernel
-    (:func:`kernels.numba_cpu.planner.stored_choice`: a packed call never plans); where it
+    (:func:`kernels.numba_cpu.planner.stored_block`: a packed call never plans); where it
     is True, that block or the dtype's default; never where it is False.
     """
     if (micro is False or problem.mask_mod is not None or problem.score_mod is not None
             or problem.dropout_p or problem.heads[3] == 0):
         return None
-    dtype = compute_dtype(problem.dtype)
-    stored = planner.stored_choice(dtype)
-    if isinstance(stored, tuple):
-        return stored
-    return MICRO_CONFIGS[dtype][0] if micro else None
+    return planner.stored_block(compute_dtype(problem.dtype), default=bool(micro))
 
 
 def run(problem: VarlenProblem, micro: bool | None = None):
