@@ -52,6 +52,7 @@ from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from .decode_products import NR, chunk_scores, chunk_values
 from .forward import _calling, mod_functions
+from .products import SUM_LANES, ordered_sum
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
 CHUNK = 64
@@ -123,11 +124,9 @@ def _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf):
         m_new = from_max_key(key)
         shift = m_new if m_new > neg_inf else zero
         correction = fast_exp(m_old - shift)
-        total = zero
         for jj in range(nk):
-            p = fast_exp(scores[r, jj] - shift)
-            scores[r, jj] = p
-            total += p
+            scores[r, jj] = fast_exp(scores[r, jj] - shift)
+        total = ordered_sum(scores[r], 0, nk, SUM_LANES)  # one order in every kernel
         row_sum[r] = row_sum[r] * correction + total
         row_max[r] = m_new
         for e in range(Dv):

@@ -48,7 +48,7 @@ from .._jit.half import compute_dtype_of, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from .._validate import check_attention_args
-from .products import tile_product
+from .products import SUM_LANES, ordered_sum, tile_product
 
 __all__ = ["CONFIGS", "attention", "run"]
 
@@ -137,11 +137,9 @@ def row_softmax(row, hi, n_visible, nk, key_max, r, row_max, row_sum, row_nan, a
     m_new = max(row_max[r], tile_max)
     correction = fast_exp(row_max[r] - m_new) if m_new > row_max[r] else one
     row_max[r] = m_new
-    total = zero
     for c in range(hi):
-        x = fast_exp(row[c] - m_new)
-        row[c] = x
-        total += x
+        row[c] = fast_exp(row[c] - m_new)
+    total = ordered_sum(row, 0, hi, SUM_LANES)  # in one order, whatever kernel inlines this
     row[hi:nk] = zero
     if total != total or tile_max == -neg_inf:
         row_nan[r] = True

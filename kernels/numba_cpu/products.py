@@ -10,7 +10,13 @@ machine's registers) across a whole depth, one fused multiply-add per accumulato
   :mod:`kernels.numba_cpu.micro`; the decode kernel's ``P · V``);
 - :func:`row_dots`: ``c[r] = A[r, :depth] · b`` for ``mr`` rows sharing one vector ``b``,
   ``nr`` lanes a step, the lanes added pairwise at the end (the decode kernel's scores,
-  one key row at a time, in address order).
+  one key row at a time, in address order);
+- :func:`ordered_sum`: ``Σ a[a0 : a0 + n]`` in ``nr`` lanes, the lanes added pairwise, then
+  the tail in order (the micro-kernel's softmax row sums).  Written out because a sum
+  left to LLVM's loop vectoriser (``reassoc``) takes whatever order the vectoriser picks
+  for the loop *in its context*: the same Numba function compiled inside two kernels, or
+  compiled alone and loaded from the disk cache, summed in different orders and gave
+  results a few ulps apart, depending on which kernel a process compiled first.
 
 In both, B may hold half bits (``uint16`` bfloat16, ``int16`` float16) where A and C are
 float32: each loaded vector is widened in registers
@@ -31,7 +37,11 @@ from numba.extending import intrinsic
 
 from .._jit.half import is_half_bits, widen_vector_ir
 
-__all__ = ["row_dots", "tile_product"]
+__all__ = ["SUM_LANES", "ordered_sum", "row_dots", "tile_product"]
+
+#: Lanes of the softmax row sums (:func:`ordered_sum`) in every numba kernel: 16 float32
+#: (one zmm, two ymm), the same order on every machine.
+SUM_LANES = 16
 
 
 def _literal(ty, kind):
@@ -87,6 +97,17 @@ def _operands(context, builder, signature, args, c_pos, nr):
     return (ir.VectorType(elem, nr), align, pa, pb, pc,
             _vector_loader(context, builder, ty[3], nr, align),
             _fmuladd(context, builder, elem, nr, align))
+
+
+def _lanes_added(builder, total, nr):
+    """The ``nr`` lanes of vector ``total`` added pairwise (halves, quarters, ...): a scalar."""
+    i32, width = ir.IntType(32), nr
+    while width > 1:  # pairwise: lanes [0, w/2) + [w/2, w)
+        width //= 2
+        halves = [builder.shuffle_vector(total, total, ir.Constant(
+            ir.VectorType(i32, width), list(range(lo, lo + width)))) for lo in (0, width)]
+        total = builder.fadd(*halves)
+    return builder.extract_element(total, ir.Constant(i32, 0))
 
 
 def _accumulators(builder, vec, mr, initial=None):
@@ -169,7 +190,7 @@ def row_dots(typingctx, a, a0, lda, b, b0, c, c0, ldc, depth, mr, nr):
 
 def _row_dots_codegen(mr, nr, context, builder, signature, args):
     """LLVM IR of :func:`row_dots` for one block of rows."""
-    i64, i32 = ir.IntType(64), ir.IntType(32)
+    i64 = ir.IntType(64)
     lda_, ldc_, depth_ = _int64_args(context, builder, signature, args, (2, 7, 8))
     vec, align, pa, pb, pc, load_b, fmuladd = _operands(context, builder, signature, args, 5,
                                                          nr)
@@ -183,12 +204,70 @@ def _row_dots_codegen(mr, nr, context, builder, signature, args):
                               align=align)
             builder.store(builder.call(fmuladd, [av, bv, builder.load(accs[r])]), accs[r])
     for r in range(mr):
-        total, width = builder.load(accs[r]), nr
-        while width > 1:  # pairwise: lanes [0, w/2) + [w/2, w)
-            width //= 2
-            halves = [builder.shuffle_vector(total, total, ir.Constant(
-                ir.VectorType(i32, width), list(range(lo, lo + width)))) for lo in (0, width)]
-            total = builder.fadd(*halves)
-        scalar = builder.extract_element(total, ir.Constant(i32, 0))
+        scalar = _lanes_added(builder, builder.load(accs[r]), nr)
         builder.store(scalar, builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]))
     return context.get_dummy_value()
+
+
+@intrinsic
+def ordered_sum(typingctx, a, a0, n, nr):
+    """``ordered_sum(a, a0, n, nr)``: the sum of ``a[a0 : a0 + n]`` (``a`` a C-contiguous
+    1-D float array) in one order whatever code surrounds it, fixed by ``n`` alone:
+
+    1. the first ``n - n % (4·nr)`` elements into ``4·nr`` lanes (element ``t`` into lane
+       ``t % (4·nr)``, in order: four independent chains of vector adds), the lanes then
+       folded pairwise to ``nr`` (halves: lane ``l`` + lane ``l + 2·nr``, then ``+ nr``);
+    2. the next whole vectors of ``nr`` elements into those ``nr`` lanes, in order;
+    3. the ``nr`` lanes added pairwise (halves, quarters, ...);
+    4. the last ``n % nr`` elements one by one.
+
+    Plain ``fadd`` (no fast-math flags): LLVM may not reorder it.  ``nr`` must be a
+    compile-time power of two, ``n >= 0``."""
+    width = _literal(nr, types.IntegerLiteral)
+    if (not isinstance(a, types.Array) or a.ndim != 1 or a.layout != "C"
+            or a.dtype not in (types.float32, types.float64)
+            or width is None or width & (width - 1)):
+        return None
+    if not all(isinstance(x, types.Integer) for x in (a0, n)):
+        return None
+    return a.dtype(a, a0, n, nr), functools.partial(_ordered_sum_codegen, width)
+
+
+def _ordered_sum_codegen(nr, context, builder, signature, args):
+    """LLVM IR of :func:`ordered_sum`."""
+    i64 = ir.IntType(64)
+    elem = context.get_value_type(signature.args[0].dtype)
+    align = context.get_abi_sizeof(elem)
+    a0_, n_ = _int64_args(context, builder, signature, args, (1, 2))
+    pa = _pointer(context, builder, signature.args[0], args[0], a0_)
+
+    def add_vectors(acc, lanes, first, count):
+        """``acc += a[first + i·lanes : + lanes]`` for ``i < count``, in order."""
+        vec = ir.VectorType(elem, lanes)
+        with cgutils.for_range(builder, count) as loop:
+            t = builder.add(first, builder.mul(loop.index, ir.Constant(i64, lanes)))
+            av = builder.load(builder.bitcast(builder.gep(pa, [t]), vec.as_pointer()),
+                              align=align)
+            builder.store(builder.fadd(builder.load(acc), av), acc)
+
+    wide = 4 * nr
+    acc_wide = _accumulators(builder, ir.VectorType(elem, wide), 1)[0]
+    n_wide = builder.udiv(n_, ir.Constant(i64, wide))
+    add_vectors(acc_wide, wide, ir.Constant(i64, 0), n_wide)
+    folded, width = builder.load(acc_wide), wide
+    while width > nr:  # lanes [0, w/2) + [w/2, w)
+        width //= 2
+        halves = [builder.shuffle_vector(folded, folded, ir.Constant(
+            ir.VectorType(ir.IntType(32), width), list(range(lo, lo + width))))
+            for lo in (0, width)]
+        folded = builder.fadd(*halves)
+    acc = cgutils.alloca_once_value(builder, folded)
+    done = builder.mul(n_wide, ir.Constant(i64, wide))
+    n_vectors = builder.udiv(builder.sub(n_, done), ir.Constant(i64, nr))
+    add_vectors(acc, nr, done, n_vectors)
+    done = builder.add(done, builder.mul(n_vectors, ir.Constant(i64, nr)))
+    total = cgutils.alloca_once_value(builder, _lanes_added(builder, builder.load(acc), nr))
+    with cgutils.for_range(builder, builder.sub(n_, done)) as loop:
+        x = builder.load(builder.gep(pa, [builder.add(done, loop.index)]))
+        builder.store(builder.fadd(builder.load(total), x), total)
+    return builder.load(total)

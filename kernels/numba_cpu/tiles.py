@@ -14,6 +14,7 @@ from numba.extending import overload
 from .._dropout import build_dropout_bits
 from .._jit.half import compute_dtype_of, half_scratch, narrow, widen_tile
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key
+from .products import SUM_LANES, ordered_sum
 
 _dropout_bits = build_dropout_bits(njit(cache=True))
 
@@ -225,11 +226,9 @@ def _softmax_row(s_row, hi, n_visible, key_max, r, rr, row_max, row_sum, row_nan
     if m_new > m_old:
         correction[rr] = fast_exp(m_old - m_new)
         row_max[r] = m_new
-    total = zero
     for c in range(s_row.shape[0]):
-        p = fast_exp(s_row[c] - m_new)
-        s_row[c] = p
-        total += p
+        s_row[c] = fast_exp(s_row[c] - m_new)
+    total = ordered_sum(s_row, 0, s_row.shape[0], SUM_LANES)  # one order in every kernel
     # A visible NaN score makes the sum NaN; a visible +inf score is NaN in the reference
     # (exp(inf - inf)): either way the row is NaN.
     if total != total or tile_max == -neg_inf:
