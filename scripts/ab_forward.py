@@ -6,11 +6,13 @@ The old package is extracted with ``git archive`` into a temporary folder and im
 under another name (``kernels_old``), so both run in one process on the same inputs.  Each
 round times old and new once each (order alternating), with a settle pause before every
 call; the result per configuration is the median of the per-round ratios new / old and
-its distribution-free 95% interval (:func:`kernels.stats.median_interval`).  Only the tile
-path is timed (``micro=False``): the micro-kernel path is the same code in both.
+its distribution-free 95% interval (:func:`kernels.stats.median_interval`).  The tile
+path is timed (``micro=False``), or with ``--micro`` the micro-kernel path (``micro=True``:
+the planned register block, else the dtype's default).
 
     python scripts/ab_forward.py                      # L = 1024, 2048, 4096, causal and not
     python scripts/ab_forward.py --rounds 21 --mods   # and the mods variants at L = 2048
+    python scripts/ab_forward.py --commit f2c4ac7 --micro   # the micro-kernel path
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pause", type=float, default=0.2, help="settle pause (s)")
     parser.add_argument("--mods", action="store_true", help="also the mods variants")
+    parser.add_argument("--micro", action="store_true",
+                        help="time the micro-kernel path instead of the tiles")
     args = parser.parse_args(argv)
     numba.set_num_threads(args.threads)
     B, H, D = 1, 12, 64
@@ -102,7 +106,9 @@ def main(argv=None):
 
         print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, numba threads {args.threads}")
         print(f"load average before: {os.getloadavg()}")
-        print(f"shape B={B} H={H} D={D} float32, {args.rounds} rounds, pause {args.pause} s")
+        path = "micro-kernel" if args.micro else "tile"
+        print(f"shape B={B} H={H} D={D} float32, {path} path, {args.rounds} rounds, "
+              f"pause {args.pause} s")
         print(f"{'call':28s} {'old ms':>8s} {'new ms':>8s} {'new/old':>8s}  95% interval")
         rng = np.random.default_rng(0)
         for label, L, keywords in configurations(args):
@@ -111,8 +117,8 @@ def main(argv=None):
             new_problem = kernels.prepare(q, k, v, **resolve_mods(kernels, keywords, H))
             old_problem = old.prepare(q, k, v, **resolve_mods(old, keywords, H))
             calls = {
-                "old": lambda p=old_problem: old_numba.run(p, micro=False),
-                "new": lambda p=new_problem: choose.run(p, micro=False),
+                "old": lambda p=old_problem: old_numba.run(p, micro=args.micro),
+                "new": lambda p=new_problem: choose.run(p, micro=args.micro),
             }
             for call in calls.values():  # compile and warm up
                 call()
