@@ -30,7 +30,8 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     Parameters
     ----------
     q : ndarray, shape (..., H, Lq, D), or (H, Lq, D), or (Lq, D)
-        Queries, float32 or float64.
+        Queries: float32, float64, float16 or ``ml_dtypes.bfloat16`` (half inputs are
+        computed with float32 scores, softmax and accumulators, docs/guide/half.md).
     k : ndarray, shape (..., Hkv, Lk, D)
         Keys, same dtype. H must be a multiple of Hkv (GQA/MQA): query head h reads
         key/value head ``h // (H // Hkv)``.
@@ -83,7 +84,7 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
     out : ndarray, shape (..., H, Lq, Dv), dtype of q
     weights : ndarray, shape (..., H, Lq, Lk)
         Only if ``return_weights``.
-    lse : ndarray, shape (..., H, Lq), dtype of q
+    lse : ndarray, shape (..., H, Lq), dtype of q (float32 for half inputs)
         Only if ``return_lse``; last of the tuple.
 
     Notes
@@ -251,7 +252,8 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     ----------
     q, k, v : ndarray
         As in :func:`kernels.attention`: (..., H, Lq, D), (..., Hkv, Lk, D),
-        (..., Hkv, Lk, Dv), also 3-D and 2-D; float32 or float64, one dtype.
+        (..., Hkv, Lk, Dv), also 3-D and 2-D; float32, float64, float16 or bfloat16,
+        one dtype (the gradients in that dtype, computed in float32 for half inputs).
     dout : ndarray, shape (..., H, Lq, Dv)
         Gradient of the loss with respect to attention's output, in q's dtype.
     out : ndarray, shape (..., H, Lq, Dv), optional
