@@ -102,8 +102,8 @@ sys.exit(1 if differ else 0)
 def test_packed_and_dense_agree_whichever_compiled_first(tmp_path):
     """The failing order: a process compiles the packed kernel (and with it the block
     function) into an empty cache; the next loads the packed kernel from the cache, runs
-    it, then compiles the dense kernel (which, while the block function was cached on its
-    own, took it from there: compiled alone, not inside the packed kernel), and compares.
+    it, then compiles the dense kernel (and with it a second copy of the block function,
+    compiled outside the packed kernel), and compares.
     Each process compiles for about 10-20 s."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(REPO))
     for step in ("packed", "compare"):

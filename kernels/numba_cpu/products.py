@@ -11,15 +11,15 @@ machine's registers) across a whole depth, one fused multiply-add per accumulato
 - :func:`row_dots`: ``c[r] = A[r, :depth] · b`` for ``mr`` rows sharing one vector ``b``,
   ``nr`` lanes a step, the lanes added pairwise at the end (the decode kernel's scores,
   one key row at a time, in address order);
-- :func:`ordered_sum`: ``Σ a[a0 : a0 + n]`` in ``nr`` lanes, the lanes added pairwise, then
-  the tail in order (the micro-kernel's softmax row sums).  Written out because a sum
-  left to LLVM's loop vectoriser (``reassoc``) takes whatever order the vectoriser picks
-  for the loop *in its context*: the same Numba function compiled inside two kernels, or
-  compiled alone and loaded from the disk cache, summed in different orders and gave
-  results a few ulps apart, depending on which kernel a process compiled first.
+- :func:`ordered_sum`: ``Σ a[a0 : a0 + n]`` in vector lanes folded pairwise, then the tail
+  in order (the softmax row sums of the micro-kernel, the tiles and decode).  Written out
+  because a sum left to LLVM's loop vectoriser (``reassoc``) is added in the order the
+  vectoriser picks for the loop in its module: the same Numba function compiled into two
+  kernels summed in different orders, a few ulps apart, and which copy a call ran depended
+  on which kernel a process compiled first.
 
-In both, B may hold half bits (``uint16`` bfloat16, ``int16`` float16) where A and C are
-float32: each loaded vector is widened in registers
+In both products, B may hold half bits (``uint16`` bfloat16, ``int16`` float16) where A
+and C are float32: each loaded vector is widened in registers
 (:func:`kernels._jit.half.widen_vector_ir`), so a half cache is never copied.  ``mr``,
 ``nr`` (and ``accumulate``) are compile-time constants (Numba literals): they shape the
 generated code, so the callers are ordinary module-level functions Numba caches on disk.
@@ -99,15 +99,22 @@ def _operands(context, builder, signature, args, c_pos, nr):
             _fmuladd(context, builder, elem, nr, align))
 
 
-def _lanes_added(builder, total, nr):
-    """The ``nr`` lanes of vector ``total`` added pairwise (halves, quarters, ...): a scalar."""
-    i32, width = ir.IntType(32), nr
-    while width > 1:  # pairwise: lanes [0, w/2) + [w/2, w)
+def _lanes_folded(builder, total, width, to):
+    """Vector ``total`` of ``width`` lanes folded pairwise to ``to`` lanes: lanes
+    ``[0, w/2) + [w/2, w)`` while ``w > to`` (halves, quarters, ...)."""
+    i32 = ir.IntType(32)
+    while width > to:
         width //= 2
         halves = [builder.shuffle_vector(total, total, ir.Constant(
             ir.VectorType(i32, width), list(range(lo, lo + width)))) for lo in (0, width)]
         total = builder.fadd(*halves)
-    return builder.extract_element(total, ir.Constant(i32, 0))
+    return total
+
+
+def _lanes_added(builder, total, nr):
+    """The ``nr`` lanes of vector ``total`` added pairwise (halves, quarters, ...): a scalar."""
+    return builder.extract_element(_lanes_folded(builder, total, nr, 1),
+                                   ir.Constant(ir.IntType(32), 0))
 
 
 def _accumulators(builder, vec, mr, initial=None):
@@ -254,14 +261,8 @@ def _ordered_sum_codegen(nr, context, builder, signature, args):
     acc_wide = _accumulators(builder, ir.VectorType(elem, wide), 1)[0]
     n_wide = builder.udiv(n_, ir.Constant(i64, wide))
     add_vectors(acc_wide, wide, ir.Constant(i64, 0), n_wide)
-    folded, width = builder.load(acc_wide), wide
-    while width > nr:  # lanes [0, w/2) + [w/2, w)
-        width //= 2
-        halves = [builder.shuffle_vector(folded, folded, ir.Constant(
-            ir.VectorType(ir.IntType(32), width), list(range(lo, lo + width))))
-            for lo in (0, width)]
-        folded = builder.fadd(*halves)
-    acc = cgutils.alloca_once_value(builder, folded)
+    acc = cgutils.alloca_once_value(
+        builder, _lanes_folded(builder, builder.load(acc_wide), wide, nr))
     done = builder.mul(n_wide, ir.Constant(i64, wide))
     n_vectors = builder.udiv(builder.sub(n_, done), ir.Constant(i64, nr))
     add_vectors(acc, nr, done, n_vectors)
