@@ -6,6 +6,7 @@ errors naming the argument before anything is written."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -163,6 +164,38 @@ def test_splits_agree_and_repeat_bit_for_bit(num_splits):
     assert first[0].tobytes() == again[0].tobytes() and first[1].tobytes() == again[1].tobytes()
     _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, None, None,
                           num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dims, which, dtype", [
+    ((24, 16), None, np.float32),  # the plain loops
+    ((32, 32), None, np.float32),  # the register-blocked products
+    ((32, 32), "both", np.float32),  # a mask function and a score function
+    ((32, 32), None, "bfloat16"),
+])
+def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, which, dtype):
+    """A paged cache with short runs is read a page at a time for every key/value head
+    together (decode.heads_per_task); each head's arithmetic is the one it has alone."""
+    from kernels.numba_cpu import decode
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    rng = np.random.default_rng(11)
+    q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 3, 400, 0, 8, 4, 16, dtype,
+                                                             D=dims[0], DV=dims[1])
+    lengths = np.maximum(lengths, 3)  # every query at a position (the mods need one)
+    fill_prefix(rng, k_cache, v_cache, table, lengths)
+    problem = check_decode_args(q, k_cache, v_cache, cache_seqlens=lengths,
+                                block_table=table, num_splits=2)[0]
+    results, choose = [], decode.heads_per_task
+    for run_bytes, heads in ((0, 1), (1 << 20, 4)):
+        monkeypatch.setattr(decode, "HEADS_TOGETHER_RUN_BYTES", run_bytes)
+        assert choose(problem, 2, threads=1) == heads
+        monkeypatch.setattr(decode, "heads_per_task", lambda p, n, h=heads: h)
+        results.append(kernels.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=lengths, block_table=table, num_splits=2,
+            return_lse=True, backend="numba", **_mods(which, 8)))
+    (apart, apart_lse), (together, together_lse) = results
+    assert apart.tobytes() == together.tobytes() and apart_lse.tobytes() == together_lse.tobytes()
+    _check_against_oracle("numba", q, k_cache, v_cache, table, lengths, None, None,
+                          num_splits=2, **_mods(which, 8))
 
 
 def test_float64_and_non_causal():

@@ -60,6 +60,11 @@ CHUNK = 64
 TASKS_PER_THREAD = 4
 #: ... but keeps at least this many keys per split.
 MIN_KEYS_PER_SPLIT = 512
+#: A paged cache whose runs (one head's keys on one page) are this long or shorter is read
+#: a page at a time for every key/value head together (the heads' runs of a page are
+#: adjacent): runs of 8 KiB read in shuffled order, one head at a time, cost the memory
+#: system alone ~1.4-1.9x the contiguous read (``scripts/decode_page_order.py``).
+HEADS_TOGETHER_RUN_BYTES = 16384
 
 
 @njit(cache=True, inline="always")
@@ -135,141 +140,157 @@ def _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf):
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, causal, scale,
-                 n_splits, part_out, part_lse, task, mask_fn, tile_fn, mask_args, score_fn,
-                 score_args):
-    """Task ``(b, hk, s)`` of :func:`_decode_splits`: split s of sequence b's keys for the
-    query heads of key/value head hk (``kf``, ``vf``: the caches flat)."""
+                 n_splits, heads_per_task, part_out, part_lse, task, mask_fn, tile_fn,
+                 mask_args, score_fn, score_args):
+    """Task ``(b, head group, s)`` of :func:`_decode_splits`: split s of sequence b's keys
+    for the query heads of ``heads_per_task`` key/value heads (``kf``, ``vf``: the caches
+    flat).  With several heads, each chunk is taken for every head in turn, so that the
+    heads' runs of a page, adjacent in memory, are read together; every head's arithmetic
+    is the same as alone (the same chunks in the same order), so the result does not depend
+    on ``heads_per_task``."""
     _, H, Lq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     ps = k_cache.shape[2]
     G = H // Hkv
-    R = G * Lq  # rows of a task: r = g·Lq + i is query i of head hk·G + g
+    R = G * Lq  # rows of a head: r = g·Lq + i is query i of head hk·G + g
+    T = heads_per_task
     ct = compute_dtype_of(q)
     zero, one, neg_inf = float_constants(scale)
     # The register-blocked products for float32 and half caches (half bits widened in
     # registers); float64 caches keep the plain loops (docs/guide/decode.md, A/B).
     products = computes_in_float32(k_cache) and D % NR == 0 and Dv % NR == 0
-    b = task // (Hkv * n_splits)
-    hk = (task // n_splits) % Hkv
+    groups = Hkv // T
+    b = task // (groups * n_splits)
+    hk_lo = ((task // n_splits) % groups) * T
     s = task % n_splits
     n = seqlens[b]
     per = (n + n_splits - 1) // n_splits
     j_lo = min(s * per, n)
     j_hi = min(j_lo + per, n)
-    qf = np.empty(R * D, dtype=ct)  # the group's queries, rows r = g·Lq + i
-    qs = qf.reshape((R, D))
-    for r in range(R):
-        for d in range(D):
-            qs[r, d] = widen(q[b, hk * G + r // Lq, r % Lq, d])
-    af = np.zeros(R * Dv, dtype=ct)
-    acc = af.reshape((R, Dv))
-    row_max = np.full(R, neg_inf, dtype=ct)
-    row_sum = np.zeros(R, dtype=ct)
+    q_all = np.empty((T, R * D), dtype=ct)  # each head's queries, rows r = g·Lq + i
+    for t in range(T):
+        qs = q_all[t].reshape((R, D))
+        for r in range(R):
+            for d in range(D):
+                qs[r, d] = widen(q[b, (hk_lo + t) * G + r // Lq, r % Lq, d])
+    acc_all = np.zeros((T, R * Dv), dtype=ct)
+    max_all = np.full((T, R), neg_inf, dtype=ct)
+    sum_all = np.zeros((T, R), dtype=ct)
     sf = np.empty(R * CHUNK, dtype=ct)
     scores = sf.reshape((R, CHUNK))
     seen = np.empty((R, CHUNK), dtype=np.bool_)
     row_page = np.empty(CHUNK, dtype=np.int64)  # page and slot of each key of a chunk
     row_slot = np.empty(CHUNK, dtype=np.int64)
+    next_page = np.empty(CHUNK, dtype=np.int64)  # ... and of the next chunk's keys
+    next_slot = np.empty(CHUNK, dtype=np.int64)
     rows = np.empty(CHUNK, dtype=np.int64)  # each key's row in kf (vf): products
     ahead = np.empty(CHUNK, dtype=np.int64)  # the next chunk's rows
     for j0 in range(j_lo, j_hi, CHUNK):
         j1 = min(j0 + CHUNK, j_hi)
         nk = j1 - j0
-        empty = False
-        if tile_fn is not None:  # skip the chunk if it is empty for every head
-            empty = True
-            for g in range(G):
-                if tile_fn(b, hk * G + g, q_start[b], q_start[b] + Lq, j0, j1,
-                           mask_args) != EMPTY:
-                    empty = False
-                    break
-        if empty:
-            continue
         _locate(block_table, b, j0, nk, ps, row_page, row_slot)
-        # Every pair of the chunk visible (no mask function, before the first query's
-        # causal limit): the loops without the per-pair tests.
-        if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
-            if products:
-                _row_indices(row_page, row_slot, nk, Hkv, hk, ps, rows)
-                # The next chunk's rows, prefetched with the scores (row_page and
-                # row_slot are not read again for this chunk on this path).
-                n_ahead = min(CHUNK, j_hi - j1)
-                _locate(block_table, b, j1, n_ahead, ps, row_page, row_slot)
-                _row_indices(row_page, row_slot, n_ahead, Hkv, hk, ps, ahead)
-                chunk_scores(qf, kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv, ahead,
-                             n_ahead)
+        n_ahead = min(CHUNK, j_hi - j1)
+        _locate(block_table, b, j1, n_ahead, ps, next_page, next_slot)
+        for t in range(T):
+            hk = hk_lo + t
+            qs = q_all[t].reshape((R, D))
+            acc = acc_all[t].reshape((R, Dv))
+            row_max, row_sum = max_all[t], sum_all[t]
+            if tile_fn is not None:  # skip the chunk if it is empty for every head
+                empty = True
+                for g in range(G):
+                    if tile_fn(b, hk * G + g, q_start[b], q_start[b] + Lq, j0, j1,
+                               mask_args) != EMPTY:
+                        empty = False
+                        break
+                if empty:
+                    continue
+            # Every pair of the chunk visible (no mask function, before the first query's
+            # causal limit): the loops without the per-pair tests.
+            if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
+                if products:
+                    _row_indices(row_page, row_slot, nk, Hkv, hk, ps, rows)
+                    # The next chunk's rows, prefetched with the scores.
+                    _row_indices(next_page, next_slot, n_ahead, Hkv, hk, ps, ahead)
+                    chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
+                                 ahead, n_ahead)
+                else:
+                    _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
+                if score_fn is not None:
+                    for r in range(R):
+                        for jj in range(nk):
+                            scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
+                                                     q_start[b] + r % Lq, j0 + jj,
+                                                     score_args)
+                _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
+                if products:
+                    chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, acc_all[t])
+                else:
+                    _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
             else:
-                _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
-            if score_fn is not None:
-                for r in range(R):
-                    for jj in range(nk):
-                        scores[r, jj] = score_fn(scores[r, jj], b, hk * G + r // Lq,
-                                                 q_start[b] + r % Lq, j0 + jj, score_args)
-            _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
-            if products:
-                chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, af)
-            else:
-                _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
-        else:
-            for jj in range(nk):
-                j = j0 + jj
-                p0, s0 = row_page[jj], row_slot[jj]
-                for r in range(R):
-                    pos = q_start[b] + r % Lq
-                    vis = j <= pos or not causal
-                    if mask_fn is not None:
-                        vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
-                    seen[r, jj] = vis
-                    if vis:
-                        dot = zero
-                        for d in range(D):
-                            dot += qs[r, d] * widen(k_cache[p0, hk, s0, d])
-                        score = dot * scale
-                        if score_fn is not None:
-                            score = score_fn(score, b, hk * G + r // Lq, pos, j,
-                                             score_args)
-                        scores[r, jj] = score
-                    else:
-                        scores[r, jj] = neg_inf
-            _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
-            for jj in range(nk):  # each value row read once for all rows; hidden
-                p0, s0 = row_page[jj], row_slot[jj]  # pairs not multiplied
-                for r in range(R):
-                    if seen[r, jj]:
-                        p = scores[r, jj]
-                        for e in range(Dv):
-                            acc[r, e] += p * widen(v_cache[p0, hk, s0, e])
-    for r in range(R):
-        h = hk * G + r // Lq
-        i = r % Lq
-        if row_sum[r] > zero or row_sum[r] != row_sum[r]:  # NaN stays NaN
-            inv = one / row_sum[r]
-            for e in range(Dv):
-                part_out[s, b, h, i, e] = acc[r, e] * inv
-            part_lse[s, b, h, i] = row_max[r] + math.log(row_sum[r])
-        else:  # no key of the split is visible
-            for e in range(Dv):
-                part_out[s, b, h, i, e] = zero
-            part_lse[s, b, h, i] = neg_inf
+                for jj in range(nk):
+                    j = j0 + jj
+                    p0, s0 = row_page[jj], row_slot[jj]
+                    for r in range(R):
+                        pos = q_start[b] + r % Lq
+                        vis = j <= pos or not causal
+                        if mask_fn is not None:
+                            vis = vis and mask_fn(b, hk * G + r // Lq, pos, j, mask_args)
+                        seen[r, jj] = vis
+                        if vis:
+                            dot = zero
+                            for d in range(D):
+                                dot += qs[r, d] * widen(k_cache[p0, hk, s0, d])
+                            score = dot * scale
+                            if score_fn is not None:
+                                score = score_fn(score, b, hk * G + r // Lq, pos, j,
+                                                 score_args)
+                            scores[r, jj] = score
+                        else:
+                            scores[r, jj] = neg_inf
+                _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
+                for jj in range(nk):  # each value row read once for all rows; hidden
+                    p0, s0 = row_page[jj], row_slot[jj]  # pairs not multiplied
+                    for r in range(R):
+                        if seen[r, jj]:
+                            p = scores[r, jj]
+                            for e in range(Dv):
+                                acc[r, e] += p * widen(v_cache[p0, hk, s0, e])
+    for t in range(T):
+        acc = acc_all[t].reshape((R, Dv))
+        row_max, row_sum = max_all[t], sum_all[t]
+        for r in range(R):
+            h = (hk_lo + t) * G + r // Lq
+            i = r % Lq
+            if row_sum[r] > zero or row_sum[r] != row_sum[r]:  # NaN stays NaN
+                inv = one / row_sum[r]
+                for e in range(Dv):
+                    part_out[s, b, h, i, e] = acc[r, e] * inv
+                part_lse[s, b, h, i] = row_max[r] + math.log(row_sum[r])
+            else:  # no key of the split is visible
+                for e in range(Dv):
+                    part_out[s, b, h, i, e] = zero
+                part_lse[s, b, h, i] = neg_inf
 
 
 @njit(parallel=True, cache=True)
 def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, scale,
-                   n_splits, part_out, part_lse, mask_fn, tile_fn, mask_args, score_fn,
-                   score_args):
+                   n_splits, heads_per_task, part_out, part_lse, mask_fn, tile_fn, mask_args,
+                   score_fn, score_args):
     """part_out[s, b, h, i] (normalised) and part_lse[s, b, h, i] of every split s, in the
-    compute dtype (float32 for half bits): a task per (sequence b, key/value head hk,
-    split s).  The task is a function of its own, not inlined: the parallel loop's body
-    stays one call, which keeps Numba's parallel passes off the kernel's loops (they
-    made a cold compile of one specialisation take 25 s, 15 s so)."""
+    compute dtype (float32 for half bits): a task per (sequence b, group of
+    ``heads_per_task`` key/value heads, split s).  The task is a function of its own, not
+    inlined: the parallel loop's body stays one call, which keeps Numba's parallel passes
+    off the kernel's loops (they made a cold compile of one specialisation take 25 s, 15 s
+    so)."""
     B, Hkv = q.shape[0], k_cache.shape[1]
     kf, vf = k_cache.reshape(k_cache.size), v_cache.reshape(v_cache.size)
-    for task in prange(B * Hkv * n_splits):
+    for task in prange(B * (Hkv // heads_per_task) * n_splits):
         # int64: the parallel loop's index is unsigned in the function Numba outlines
         # for it, signed where it types the loop (one compile of the task, not two)
         _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, causal,
-                     scale, n_splits, part_out, part_lse, np.int64(task), mask_fn, tile_fn,
-                     mask_args, score_fn, score_args)
+                     scale, n_splits, heads_per_task, part_out, part_lse, np.int64(task),
+                     mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
@@ -316,16 +337,39 @@ _decode_task_user = njit(fastmath=FASTMATH, error_model="numpy")(_decode_task.py
 _decode_splits_user = njit(parallel=True)(_calling(_decode_splits, _decode_task=_decode_task_user))
 
 
+def reads_heads_together(problem: DecodeProblem) -> bool:
+    """Whether a task takes every key/value head of its keys: for a cache whose runs (one
+    head's keys on one page; a contiguous cache is one page per sequence) hold at most
+    ``HEADS_TOGETHER_RUN_BYTES``."""
+    page_size, D = problem.k_cache.shape[2], problem.k_cache.shape[3]
+    return page_size * D * problem.k_cache.itemsize <= HEADS_TOGETHER_RUN_BYTES
+
+
 def choose_splits(problem: DecodeProblem, threads: int | None = None) -> int:
     """Splits per sequence for ``num_splits=0``: enough tasks for every thread
-    (``TASKS_PER_THREAD`` each), at least ``MIN_KEYS_PER_SPLIT`` keys per split."""
+    (``TASKS_PER_THREAD`` each), at least ``MIN_KEYS_PER_SPLIT`` keys per split; a task
+    is a sequence's split for one key/value head, or for all of them where
+    :func:`reads_heads_together`."""
     if problem.num_splits:
         return problem.num_splits
     B, _, Hkv, _, _, _ = problem.shape
     threads = numba.get_num_threads() if threads is None else threads
     longest = int(problem.seqlens.max(initial=0))
-    wanted = -(-TASKS_PER_THREAD * threads // max(B * Hkv, 1))
+    per_split = B if reads_heads_together(problem) else B * Hkv
+    wanted = -(-TASKS_PER_THREAD * threads // max(per_split, 1))
     return max(1, min(wanted, longest // MIN_KEYS_PER_SPLIT))
+
+
+def heads_per_task(problem: DecodeProblem, n_splits: int,
+                   threads: int | None = None) -> int:
+    """Every key/value head in one task where :func:`reads_heads_together` and there are
+    still tasks for every thread (B · n_splits of them); else one head per task.  The
+    result does not depend on it (the same chunks, in the same order, for every head)."""
+    Hkv = problem.shape[2]
+    threads = numba.get_num_threads() if threads is None else threads
+    if reads_heads_together(problem) and problem.shape[0] * n_splits >= threads:
+        return Hkv
+    return 1
 
 
 def run(problem: DecodeProblem):
@@ -348,6 +392,7 @@ def run(problem: DecodeProblem):
         run_user_code(user_names(problem), kernel, bits_view(problem.q),
                       bits_view(problem.k_cache), bits_view(problem.v_cache),
                       problem.block_table, problem.seqlens, problem.q_start, problem.causal,
-                      ct(problem.scale), n_splits, part_out, part_lse, *mods)
+                      ct(problem.scale), n_splits, heads_per_task(problem, n_splits),
+                      part_out, part_lse, *mods)
         _merge_splits(part_out, part_lse, bits_view(out), lse)
     return out, lse
