@@ -210,10 +210,16 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
             if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
                 if products:
                     _row_indices(row_page, row_slot, nk, Hkv, hk, ps, rows)
-                    # The next chunk's rows, prefetched with the scores.
-                    _row_indices(next_page, next_slot, n_ahead, Hkv, hk, ps, ahead)
+                    # The rows taken next, prefetched with the scores: the next head's of
+                    # this chunk, or after the last head the first head's of the next chunk.
+                    if t + 1 < T:
+                        _row_indices(row_page, row_slot, nk, Hkv, hk + 1, ps, ahead)
+                        n_next = nk
+                    else:
+                        _row_indices(next_page, next_slot, n_ahead, Hkv, hk_lo, ps, ahead)
+                        n_next = n_ahead
                     chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
-                                 ahead, n_ahead)
+                                 ahead, n_next)
                 else:
                     _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
