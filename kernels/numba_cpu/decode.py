@@ -3,7 +3,11 @@
 One parallel task is (sequence b, key/value head hk, key split s): it streams the keys
 and values of split s of sequence b's cache once, through the block table (no gather),
 for all ``G = H / Hkv`` query heads of the group and all Lq queries at once (``R = G·Lq``
-rows: each K/V row is read once, from memory, and used R times from L1).  Per chunk of
+rows: each K/V row is read once, from memory, and used R times from L1).  Where one head's
+keys on one page are a short run (pages of 16 tokens: 8 KiB of float32 at D = 128) and
+there are tasks enough, a task takes every key/value head of its split instead, chunk by
+chunk and head by head, so that the heads' runs of a page, adjacent in memory, are read
+together (:func:`heads_per_task`; the arithmetic of each head is the same either way).  Per chunk of
 ``CHUNK`` keys, the online softmax: scores (a dot over D per row and key), the chunk's
 row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
 accumulator ``acc += p · v``.  In the plain loops here both passes take one key (value)
@@ -14,7 +18,7 @@ per pass; software prefetch no help to these loops: ``scripts/decode_read_order.
 The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
 half caches with D and Dv multiples of 16 take the register-blocked products of
 :mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also
-prefetch the next chunk's rows (faster: docs/guide/decode.md); float64 caches, other
+prefetch the rows taken next (faster: docs/guide/decode.md); float64 caches, other
 sizes and the chunks with per-pair tests keep the loops here.
 
 Half precision: float16 and bfloat16 caches arrive as their bits
@@ -184,7 +188,7 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
     next_page = np.empty(CHUNK, dtype=np.int64)  # ... and of the next chunk's keys
     next_slot = np.empty(CHUNK, dtype=np.int64)
     rows = np.empty(CHUNK, dtype=np.int64)  # each key's row in kf (vf): products
-    ahead = np.empty(CHUNK, dtype=np.int64)  # the next chunk's rows
+    ahead = np.empty(CHUNK, dtype=np.int64)  # the rows taken next (next head or chunk)
     for j0 in range(j_lo, j_hi, CHUNK):
         j1 = min(j0 + CHUNK, j_hi)
         nk = j1 - j0

@@ -13,7 +13,8 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
   blocks of ``NR``;
-- while it takes the scores of one chunk, the key and value rows of the next chunk start
+- while it takes the scores of one chunk, the key and value rows taken next (the next
+  chunk's, or the next head's when the decode task reads several heads) start
   loading (:func:`kernels._jit.prefetch.prefetch_rows`, one key at a time): the hardware
   prefetchers start again at every page of a paged cache, and at every change of stream.
 
@@ -45,7 +46,7 @@ NV = 64
 def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead, n_ahead):
     """``scores[r·ldc + jj] = scale · q_r · k_jj`` for every row and key of a chunk: ``qf``
     the R x D queries (compute dtype), key jj is row ``rows[jj]`` of ``keys``.  With key
-    jj it prefetches key and value row ``ahead[jj]`` (``jj < n_ahead``: the next chunk's)."""
+    jj it prefetches key and value row ``ahead[jj]`` (``jj < n_ahead``: the rows taken next)."""
     full = R - R % MR
     for jj in range(nk):
         if jj < n_ahead:
