@@ -187,7 +187,8 @@ def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, whic
     results, choose = [], decode.heads_per_task
     for run_bytes, heads in ((0, 1), (1 << 20, 4)):
         monkeypatch.setattr(decode, "HEADS_TOGETHER_RUN_BYTES", run_bytes)
-        assert choose(problem, 2, threads=1) == heads
+        assert choose(problem, 2, threads=1) == heads  # 3 sequences x 2 splits: 6 tasks
+        assert choose(problem, 2, threads=2) == 1  # too few tasks for two threads
         monkeypatch.setattr(decode, "heads_per_task", lambda p, n, h=heads: h)
         results.append(kernels.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, block_table=table, num_splits=2,

@@ -373,11 +373,13 @@ def choose_splits(problem: DecodeProblem, threads: int | None = None) -> int:
 def heads_per_task(problem: DecodeProblem, n_splits: int,
                    threads: int | None = None) -> int:
     """Every key/value head in one task where :func:`reads_heads_together` and there are
-    still tasks for every thread (B · n_splits of them); else one head per task.  The
-    result does not depend on it (the same chunks, in the same order, for every head)."""
+    still ``TASKS_PER_THREAD`` tasks for every thread (B · n_splits of them), so that the
+    threads stay balanced; else one head per task.  The result does not depend on it (the
+    same chunks, in the same order, for every head)."""
     Hkv = problem.shape[2]
     threads = numba.get_num_threads() if threads is None else threads
-    if reads_heads_together(problem) and problem.shape[0] * n_splits >= threads:
+    if (reads_heads_together(problem)
+            and problem.shape[0] * n_splits >= TASKS_PER_THREAD * threads):
         return Hkv
     return 1
 
