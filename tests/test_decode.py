@@ -174,8 +174,8 @@ def test_splits_agree_and_repeat_bit_for_bit(num_splits):
 ])
 def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, which, dtype):
     """A paged cache with short runs is read a page at a time for every key/value head
-    together (decode.heads_per_task); each head's arithmetic is the one it has alone."""
-    from kernels.numba_cpu import decode
+    together (decode_plan.heads_per_task); each head's arithmetic is the one it has alone."""
+    from kernels.numba_cpu import decode_plan
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     rng = np.random.default_rng(11)
     q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 3, 400, 0, 8, 4, 16, dtype,
@@ -184,12 +184,12 @@ def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, whic
     fill_prefix(rng, k_cache, v_cache, table, lengths)
     problem = check_decode_args(q, k_cache, v_cache, cache_seqlens=lengths,
                                 block_table=table, num_splits=2)[0]
-    results, choose = [], decode.heads_per_task
+    results, choose = [], decode_plan.heads_per_task
     for run_bytes, heads in ((0, 1), (1 << 20, 4)):
-        monkeypatch.setattr(decode, "HEADS_TOGETHER_RUN_BYTES", run_bytes)
+        monkeypatch.setattr(decode_plan, "HEADS_TOGETHER_RUN_BYTES", run_bytes)
         assert choose(problem, 2, threads=1) == heads  # 3 sequences x 2 splits: 6 tasks
         assert choose(problem, 2, threads=2) == 1  # too few tasks for two threads
-        monkeypatch.setattr(decode, "heads_per_task", lambda p, n, h=heads: h)
+        monkeypatch.setattr(decode_plan, "heads_per_task", lambda p, n, h=heads: h)
         results.append(kernels.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, block_table=table, num_splits=2,
             return_lse=True, backend="numba", **_mods(which, 8)))

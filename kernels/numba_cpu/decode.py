@@ -7,8 +7,10 @@ rows: each K/V row is read once, from memory, and used R times from L1).  Where 
 keys on one page are a short run (pages of 16 tokens: 8 KiB of float32 at D = 128) and
 there are tasks enough, a task takes every key/value head of its split instead, chunk by
 chunk and head by head, so that the heads' runs of a page, adjacent in memory, are read
-together (:func:`heads_per_task`; the arithmetic of each head is the same either way).  Per chunk of
-``CHUNK`` keys, the online softmax: scores (a dot over D per row and key), the chunk's
+together (:func:`kernels.numba_cpu.decode_plan.heads_per_task`; the arithmetic of each
+head is the same either way).  How a step is divided into tasks:
+:mod:`kernels.numba_cpu.decode_plan`.  Per chunk of ``CHUNK`` keys, the online softmax:
+scores (a dot over D per row and key), the chunk's
 row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
 accumulator ``acc += p · v``.  In the plain loops here both passes take one key (value)
 row at a time, for every row of the group while it is in L1: the cache is read in address
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -54,21 +55,13 @@ from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
+from . import decode_plan
 from .decode_products import NR, chunk_scores, chunk_values
 from .forward import _calling, mod_functions
 from .products import SUM_LANES, ordered_sum
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
 CHUNK = 64
-#: num_splits=0 splits until there are this many tasks per thread ...
-TASKS_PER_THREAD = 4
-#: ... but keeps at least this many keys per split.
-MIN_KEYS_PER_SPLIT = 512
-#: A paged cache whose runs (one head's keys on one page) are this long or shorter is read
-#: a page at a time for every key/value head together (the heads' runs of a page are
-#: adjacent): runs of 8 KiB read in shuffled order, one head at a time, cost the memory
-#: system alone ~1.4-1.9x the contiguous read (``scripts/decode_page_order.py``).
-HEADS_TOGETHER_RUN_BYTES = 16384
 
 
 @njit(cache=True, inline="always")
@@ -347,49 +340,12 @@ _decode_task_user = njit(fastmath=FASTMATH, error_model="numpy")(_decode_task.py
 _decode_splits_user = njit(parallel=True)(_calling(_decode_splits, _decode_task=_decode_task_user))
 
 
-def reads_heads_together(problem: DecodeProblem) -> bool:
-    """Whether a task takes every key/value head of its keys: for a cache whose runs (one
-    head's keys on one page; a contiguous cache is one page per sequence) hold at most
-    ``HEADS_TOGETHER_RUN_BYTES``."""
-    page_size, D = problem.k_cache.shape[2], problem.k_cache.shape[3]
-    return page_size * D * problem.k_cache.itemsize <= HEADS_TOGETHER_RUN_BYTES
-
-
-def choose_splits(problem: DecodeProblem, threads: int | None = None) -> int:
-    """Splits per sequence for ``num_splits=0``: enough tasks for every thread
-    (``TASKS_PER_THREAD`` each), at least ``MIN_KEYS_PER_SPLIT`` keys per split; a task
-    is a sequence's split for one key/value head, or for all of them where
-    :func:`reads_heads_together`."""
-    if problem.num_splits:
-        return problem.num_splits
-    B, _, Hkv, _, _, _ = problem.shape
-    threads = numba.get_num_threads() if threads is None else threads
-    longest = int(problem.seqlens.max(initial=0))
-    per_split = B if reads_heads_together(problem) else B * Hkv
-    wanted = -(-TASKS_PER_THREAD * threads // max(per_split, 1))
-    return max(1, min(wanted, longest // MIN_KEYS_PER_SPLIT))
-
-
-def heads_per_task(problem: DecodeProblem, n_splits: int,
-                   threads: int | None = None) -> int:
-    """Every key/value head in one task where :func:`reads_heads_together` and there are
-    still ``TASKS_PER_THREAD`` tasks for every thread (B · n_splits of them), so that the
-    threads stay balanced; else one head per task.  The result does not depend on it (the
-    same chunks, in the same order, for every head)."""
-    Hkv = problem.shape[2]
-    threads = numba.get_num_threads() if threads is None else threads
-    if (reads_heads_together(problem)
-            and problem.shape[0] * n_splits >= TASKS_PER_THREAD * threads):
-        return Hkv
-    return 1
-
-
 def run(problem: DecodeProblem):
     """``(out (B, H, Lq, Dv) in the input dtype, lse (B, H, Lq) in the compute dtype)`` of a
     decode step (float32 lse for half inputs)."""
     B, H, Hkv, Lq, D, Dv = problem.shape
     ct = compute_dtype(problem.dtype).type  # float32 for half inputs
-    n_splits = choose_splits(problem)
+    n_splits = decode_plan.choose_splits(problem)
     out = np.empty((B, H, Lq, Dv), dtype=problem.dtype)
     lse = np.empty((B, H, Lq), dtype=ct)
     if B * H * Lq == 0:
@@ -404,7 +360,7 @@ def run(problem: DecodeProblem):
         run_user_code(user_names(problem), kernel, bits_view(problem.q),
                       bits_view(problem.k_cache), bits_view(problem.v_cache),
                       problem.block_table, problem.seqlens, problem.q_start, problem.causal,
-                      ct(problem.scale), n_splits, heads_per_task(problem, n_splits),
+                      ct(problem.scale), n_splits, decode_plan.heads_per_task(problem, n_splits),
                       part_out, part_lse, *mods)
         _merge_splits(part_out, part_lse, bits_view(out), lse)
     return out, lse
