@@ -270,3 +270,28 @@ def test_paired_ratio_needs_one_sample_per_round_and_enough_common_rounds():
     assert paired_ratio_interval(samples, range(8), samples, [0] * 8) is None  # measure()
     assert paired_ratio_interval(samples, range(8), samples, range(4, 12)) is None  # 4 common
     assert paired_ratio_interval(samples, range(8), samples, range(8)) == (1.0, 1.0, 1.0)
+
+
+def test_after_each_pause_an_untimed_call_wakes_the_function():
+    """A function whose first call after a pause is slow (as the first parallel call after
+    ~0.1 s of idle is on a 2-core VM) is timed at its steady speed: with ``settle`` one
+    untimed call follows each pause; without the rewarm, every batch measured the cold call."""
+    now, cold = [0.0], [True]
+
+    def clock():
+        return now[0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        cold[0] = True
+
+    def step():
+        now[0] += 5e-3 if cold[0] else 1e-3
+        cold[0] = False
+
+    clocks = dict(clock=clock, cpu_clock=clock, thread_clock=clock, sleep=sleep)
+    warm = interleaved({"step": step}, rounds=6, min_time=0.0, settle=0.2, **clocks)
+    assert np.median(warm["step"].samples) == pytest.approx(1e-3)
+    cold_timed = interleaved({"step": step}, rounds=6, min_time=0.0, settle=0.2,
+                             rewarm=False, **clocks)
+    assert np.median(cold_timed["step"].samples) == pytest.approx(5e-3)

@@ -270,7 +270,8 @@ def _fill_round(fn, clocks: _Clocks, series: _Series, repeat: int, min_repeat: i
 
 
 def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
-                warmup: int = 1, settle: float = 0.0, target: float = NOISE_TARGET,
+                warmup: int = 1, settle: float = 0.0, rewarm: bool | None = None,
+                target: float = NOISE_TARGET,
                 budget: float = 0.0, probe: Probe | None = None, max_rounds: int = 200,
                 watch=None, clock: Clock = time.perf_counter, cpu_clock: Clock = time.process_time,
                 thread_clock: Clock = time.thread_time, wait_clock: Clock | None = None,
@@ -294,6 +295,12 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         As for :func:`measure`.
     settle : float, default 0
         Pause after each batch (seconds), so that the threads it woke go idle.
+    rewarm : bool, optional
+        One untimed call before each batch of a round, after the pause (default: when
+        ``settle`` > 0).  On the 2-core VMs this project is measured on, the first
+        parallel call after ~0.1 s of idle runs as if on one core for several ms (the
+        second vCPU comes back slowly: ``scripts/idle_wake.py``); a timed batch that began
+        with it measured that, not the function (a bfloat16 decode step of 4.4 ms read 5.8).
     budget : float, default 0
         Seconds for further rounds while some function's median is noisy.
     max_rounds : int, default 200
@@ -312,6 +319,7 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         raise ValueError(f"rounds must be >= 1; got {rounds}")
     clocks = _Clocks(wall=clock, cpu=cpu_clock, thread=thread_clock,
                      wait=_wait_clock(wait_clock, clock))
+    rewarm = settle > 0 if rewarm is None else rewarm
     series: dict = {}
     with _quiet_process():
         for name, fn in functions.items():
@@ -338,6 +346,8 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
             before = probe() if probe is not None else None
             for name in names[index % len(names):] + names[:index % len(names)]:
                 series[name].new_round()
+                if rewarm:
+                    functions[name]()  # untimed: wakes what the pause let sleep
                 series[name].add(clocks.batch(functions[name], series[name].number))
                 sleep(settle)
             if probe is not None:
