@@ -4,8 +4,8 @@
 
 Times, on one thread, the score loop the numba kernels run over each row of a tile (scale,
 then the running maximum), plain and with softcap's ``cap * tanh(score / cap)`` by
-``tanh32`` (:func:`kernels.mods.lowering.tanh_for`: Cephes' float32 tanh, both branches
-evaluated so that the loop vectorises), and the largest error of ``tanh32`` against
+``tanh32`` (:func:`kernels.mods.lowering.tanh_for`: a rational function, no exp, one
+division, so that the loop vectorises), and the largest error of ``tanh32`` against
 float64 ``np.tanh``, in float32 ulps, over [-12, 12] and tiny magnitudes.  Prints ns per
 score (median of 7).  A cheaper tanh must be weighed against that error.  Compare
 with the attention's whole cost per score (``attnbench bench --only variants``: the plain
