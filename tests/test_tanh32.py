@@ -6,19 +6,16 @@ the special values, so that a changed coefficient, clamp or order of evaluation 
 """
 
 import numpy as np
-from numba import njit
+from numba import vectorize
 
 from kernels.mods.lowering import tanh_for
 
 TANH32 = tanh_for("cpu", np.float32)
 
 
-@njit
+@vectorize(["float32(float32)"])
 def _apply(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = TANH32(x[i])
-    return out
+    return TANH32(x)
 
 
 def _ulps(got, x):
@@ -37,7 +34,8 @@ def test_within_the_documented_ulps_and_never_past_one():
 
 def test_special_values():
     x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 1e-40], dtype=np.float32)
-    got = _apply(x)
+    with np.errstate(invalid="ignore"):  # the NaN input sets the invalid flag
+        got = _apply(x)
     np.testing.assert_array_equal(got[:4], [0.0, -0.0, 1.0, -1.0])
     assert np.signbit(got[1])
     assert np.isnan(got[4])
