@@ -26,7 +26,7 @@ class _BuiltinScore(ScoreMod):
     def args(self, dtype=np.float64):
         dtype = np.dtype(dtype)
         return tuple(
-            x.astype(dtype) if isinstance(x, np.ndarray) and x.dtype.kind == "f"
+            x.astype(dtype, copy=False) if isinstance(x, np.ndarray) and x.dtype.kind == "f"
             else (dtype.type(x) if isinstance(x, np.floating) else x)
             for x in self._data
         )

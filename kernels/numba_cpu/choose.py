@@ -1,8 +1,9 @@
 """The ``numba`` backend's forward entry: which path a call takes.
 
-- without a mask, dropout or weights, a parallel call takes the register-blocked
-  micro-kernel path (:mod:`kernels.numba_cpu.micro`; with a ``score_mod`` or
-  ``mask_mod``, :mod:`kernels.numba_cpu.micro_mods`) where the planner
+- without dropout or weights, a parallel call takes the register-blocked micro-kernel
+  path (:mod:`kernels.numba_cpu.micro`; with a ``score_mod`` or ``mask_mod``, or a dense
+  ``mask`` turned into mods by :func:`kernels.mods.dense_mask.as_mods`,
+  :mod:`kernels.numba_cpu.micro_mods`) where the planner
   (:mod:`kernels.numba_cpu.planner`) chose it for the machine and dtype;
 - else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`; a ``score_mod`` or
   ``mask_mod`` compiled in), serial for small problems
@@ -11,8 +12,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from .._dtypes import compute_dtype, is_half
 from .._problem import AttentionProblem
+from ..mods import dense_mask
 from . import forward, micro_mods, planner
 from . import micro as micro_kernel
 
@@ -20,20 +24,22 @@ from . import micro as micro_kernel
 def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     """The register block of the micro-kernel path for this call, or None for the tiles.
 
-    The path computes no dense mask, dropout or weights (mods it does: the same choice as
-    the call without them), no values of width Dv = 0 (it launches nothing then, and lse
-    would be left unset) and runs parallel; it is taken where
+    The path computes no dropout or weights (mods it does, and a dense mask as mods when
+    the call has no other mods: the same choice as the call without them), no values of
+    width Dv = 0 (it launches nothing then, and lse would be left unset) and runs
+    parallel; it is taken where
     ``micro`` is True (the planned block, else the dtype's default), or where
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
     take it as float32 does (the float32 plan and choice serve them) where it packs fused
     (:func:`kernels.numba_cpu.micro.fuses`: each task widens one key head into float32
-    panels, never the whole K and V), and without mods; else the tiles.
+    panels, never the whole K and V), and without mods or a mask; else the tiles.
     """
-    half_tiles = is_half(problem.dtype) and (problem.mask_mod is not None
-                                             or problem.score_mod is not None
+    has_mods = problem.mask_mod is not None or problem.score_mod is not None
+    half_tiles = is_half(problem.dtype) and (has_mods or problem.mask is not None
                                              or not micro_kernel.fuses(problem))
-    if (micro is False or half_tiles or problem.mask is not None or problem.dropout_p
+    mask_tiles = problem.mask is not None and has_mods
+    if (micro is False or half_tiles or mask_tiles or problem.dropout_p
             or problem.return_weights or parallel is False or problem.shape[-1] == 0):
         return None
     if micro:
@@ -61,12 +67,16 @@ def run(problem: AttentionProblem, *, parallel: bool | None = None,
         default: the BLAS where SciPy is installed (``config.HAVE_BLAS``), unless the
         micro-kernel path is taken.
     micro : bool, optional
-        Take the register-blocked micro-kernel path (no dense mask, dropout or weights;
-        parallel; mods too) if True, never if False; default: where the planner chose it for this
-        machine and dtype (see :func:`micro_block`).
+        Take the register-blocked micro-kernel path (no dropout or weights; parallel; mods,
+        or a dense mask without mods, too) if True, never if False; default: where the
+        planner chose it for this machine and dtype (see :func:`micro_block`).
     """
     block = micro_block(problem, parallel, use_blas, micro)
     if block is not None:
+        if problem.mask is not None:  # no mods beside it (micro_block)
+            mask_mod, score_mod = dense_mask.as_mods(problem.mask)
+            problem = dataclasses.replace(problem, mask=None, mask_mod=mask_mod,
+                                          score_mod=score_mod)
         if problem.mask_mod is None and problem.score_mod is None:
             out, lse = micro_kernel.run(problem, block)
         else:

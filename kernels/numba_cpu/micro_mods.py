@@ -249,7 +249,8 @@ def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,
     Parameters
     ----------
     problem : AttentionProblem
-        Causal, key_lengths, scale and mods; no dense mask, dropout or weights.
+        Causal, key_lengths, scale and mods (a dense mask as mods:
+        :func:`kernels.mods.dense_mask.as_mods`); no ``mask``, dropout or weights.
     config_block : (int, int)
         The register block ``(mr, nr)`` (:data:`kernels.numba_cpu.micro.CONFIGS`).
     block_q, block_k : int
