@@ -8,8 +8,9 @@ broadcast dim).
 
 - bool (True = attend): a mask function, the entry;
 - additive: a mask function (an entry of ``-inf`` hides its pair, so that what a hidden key
-  or value holds cannot reach the output, as on the tiles) and a score function (the entry
-  added to the scaled score; a NaN entry makes its row NaN, as on the tiles).
+  or value holds cannot reach the output, as on the tiles: the entry of the bool array
+  ``mask != -inf``) and a score function (the entry added to the scaled score; a NaN entry
+  makes its row NaN, as on the tiles).
 
 Blocks of pairs are classified from a table of 16 x 16 cells made once per call with NumPy
 (:func:`_cells`, read by :func:`kernels.mods.block._table_tile`), not by each task reading
@@ -30,30 +31,22 @@ from .scores import _BuiltinScore, _unit_grad_source
 CELL = 16
 
 # Element functions come in two forms: a mask with a key dim of its own reads entry
-# ``kv_idx`` (so that the loops over a row's keys vectorise: a clamped index would not),
-# one broadcast over the keys reads entry 0.
+# ``kv_idx`` as an unsigned index (so that the loops over a row's keys vectorise: a clamped
+# index would not, nor a signed one, whose negative-index wraparound is a select per entry:
+# the additive mask's row loop took 191 against 122 ms at L = 4096 with it), one broadcast
+# over the keys reads entry 0.  An additive mask's visibility is the bool
+# array ``mask != -inf`` (made for the cell table anyway): one byte read per pair, not four.
 
 
-def _bool_element(b, h, q_idx, kv_idx, args):
+def _visible_element(b, h, q_idx, kv_idx, args):
     m = args[3]
-    return m[min(b, m.shape[0] - 1), min(h, m.shape[1] - 1), min(q_idx, m.shape[2] - 1), kv_idx]
+    return m[min(b, m.shape[0] - 1), min(h, m.shape[1] - 1), min(q_idx, m.shape[2] - 1),
+             np.uint64(kv_idx)]
 
 
-def _bool_element_row(b, h, q_idx, kv_idx, args):
+def _visible_element_row(b, h, q_idx, kv_idx, args):
     m = args[3]
     return m[min(b, m.shape[0] - 1), min(h, m.shape[1] - 1), min(q_idx, m.shape[2] - 1), 0]
-
-
-def _additive_element(b, h, q_idx, kv_idx, args):
-    m = args[3]
-    return m[min(b, m.shape[0] - 1), min(h, m.shape[1] - 1), min(q_idx, m.shape[2] - 1),
-             kv_idx] != -np.inf
-
-
-def _additive_element_row(b, h, q_idx, kv_idx, args):
-    m = args[3]
-    return m[min(b, m.shape[0] - 1), min(h, m.shape[1] - 1), min(q_idx, m.shape[2] - 1),
-             0] != -np.inf
 
 
 def _add_source(F, tanh):
@@ -77,29 +70,28 @@ def _cells(visible: np.ndarray) -> tuple:
     FULL per cell of ``CELL`` x ``CELL`` pairs, as :func:`kernels.mods.block._table_tile`
     reads it; a broadcast dim is one cell (of a size no index reaches).  Computed once per
     call with NumPy, not per head and task: a mask shared by the heads is read once."""
-    sizes = [CELL if n > 1 else 1 << 40 for n in visible.shape[2:]]
-    pad = [(-n) % CELL if n > 1 else 0 for n in visible.shape[2:]]
-    padded = np.pad(visible, ((0, 0), (0, 0), (0, pad[0]), (0, pad[1])))  # hidden
-    Bm, Hm, Lq, Lk = padded.shape
-    nq, cq = (Lq // CELL, CELL) if Lq > 1 else (1, 1)
-    nk, ck = (Lk // CELL, CELL) if Lk > 1 else (1, 1)
+    Lqm, Lkm = visible.shape[2:]
+    cq, ck = (CELL if Lqm > 1 else 1), (CELL if Lkm > 1 else 1)
+    padded = np.pad(visible, ((0, 0), (0, 0), (0, -Lqm % cq), (0, -Lkm % ck)))  # hidden
+    Bm, Hm, nq, nk = padded.shape[0], padded.shape[1], padded.shape[2] // cq, padded.shape[3] // ck
     counts = padded.reshape(Bm, Hm, nq, cq, nk, ck).sum(axis=(3, 5), dtype=np.int32)
-    pairs = np.multiply.outer(np.minimum(visible.shape[2] - cq * np.arange(nq), cq),
-                              np.minimum(visible.shape[3] - ck * np.arange(nk), ck))
+    pairs = np.multiply.outer(np.minimum(Lqm - cq * np.arange(nq), cq),
+                              np.minimum(Lkm - ck * np.arange(nk), ck))
     table = np.full(counts.shape, PARTIAL, dtype=np.int8)
     table[counts == 0] = EMPTY
     table[counts == pairs] = FULL  # the pairs of the cell inside the mask, all visible
-    return table, np.int64(sizes[0]), np.int64(sizes[1])
+    unreachable = np.int64(1 << 40)  # a broadcast dim's one cell
+    return (table, np.int64(CELL) if Lqm > 1 else unreachable,
+            np.int64(CELL) if Lkm > 1 else unreachable)
 
 
 def as_mods(mask: np.ndarray):
     """``(mask_mod, score_mod or None)`` standing for the validated 4-D dense ``mask``."""
     shape = f"dense mask {mask.shape} {mask.dtype}"
-    row = mask.shape[3] == 1  # broadcast over the keys
+    element = _visible_element_row if mask.shape[3] == 1 else _visible_element
+    visible = mask if mask.dtype == np.bool_ else mask != -np.inf
+    mask_mod = _BuiltinMask(shape, element, _table_tile, _cells(visible) + (visible,))
     if mask.dtype == np.bool_:
-        element = _bool_element_row if row else _bool_element
-        return _BuiltinMask(shape, element, _table_tile, _cells(mask) + (mask,)), None
-    element = _additive_element_row if row else _additive_element
-    add = _add_row_source if row else _add_source
-    return (_BuiltinMask(shape, element, _table_tile, _cells(mask != -np.inf) + (mask,)),
-            _BuiltinScore(shape, add, _unit_grad_source, (mask,)))
+        return mask_mod, None
+    add = _add_row_source if mask.shape[3] == 1 else _add_source
+    return mask_mod, _BuiltinScore(shape, add, _unit_grad_source, (mask,))
