@@ -20,8 +20,9 @@ per pass; software prefetch no help to these loops: ``scripts/decode_read_order.
 The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
 half caches with D and Dv multiples of 16 take the register-blocked products of
 :mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also
-prefetch the rows taken next (faster: docs/guide/decode.md); float64 caches, other
-sizes and the chunks with per-pair tests keep the loops here.
+prefetch the rows taken next (faster: docs/guide/decode.md), as bfloat16 pairs for a
+bfloat16 cache (:mod:`kernels.numba_cpu.pair_products`: half the arithmetic); float64
+caches, other sizes and the chunks with per-pair tests keep the loops here.
 
 Half precision: float16 and bfloat16 caches arrive as their bits
 (:func:`kernels._dtypes.bits_view`) and every load is widened in registers
@@ -56,8 +57,16 @@ from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import decode_plan
-from .decode_products import NR, chunk_scores, chunk_values
+from .decode_products import (
+    NR,
+    chunk_scores,
+    chunk_values,
+    operand_scratch,
+    pair_operands,
+    round_weights,
+)
 from .forward import _calling, mod_functions
+from .pair_products import PAIR_BLOCK
 from .products import SUM_LANES, ordered_sum
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
@@ -156,6 +165,8 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
     # The register-blocked products for float32 and half caches (half bits widened in
     # registers); float64 caches keep the plain loops (docs/guide/decode.md, A/B).
     products = computes_in_float32(k_cache) and D % NR == 0 and Dv % NR == 0
+    # ... as bfloat16 pairs for a bfloat16 cache (kernels.numba_cpu.pair_products).
+    pairs = products and pair_operands(k_cache) and D % PAIR_BLOCK == 0
     groups = Hkv // T
     b = task // (groups * n_splits)
     hk_lo = ((task // n_splits) % groups) * T
@@ -170,6 +181,13 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
         for r in range(R):
             for d in range(D):
                 qs[r, d] = widen(q[b, (hk_lo + t) * G + r // Lq, r % Lq, d])
+    q_pairs = operand_scratch(k_cache, T * R * D if pairs else 0).reshape((-1, R * D))
+    if pairs:  # the queries' own bfloat16 bits
+        for t in range(T):
+            for r in range(R):
+                for d in range(D):
+                    q_pairs[t, r * D + d] = q[b, (hk_lo + t) * G + r // Lq, r % Lq, d]
+    w_pairs = operand_scratch(k_cache, R * CHUNK if pairs else 0)
     acc_all = np.zeros((T, R * Dv), dtype=ct)
     max_all = np.full((T, R), neg_inf, dtype=ct)
     sum_all = np.zeros((T, R), dtype=ct)
@@ -215,8 +233,12 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
                     else:
                         _row_indices(next_page, next_slot, n_ahead, Hkv, hk_lo, ps, ahead)
                         n_next = n_ahead
-                    chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
-                                 ahead, n_next)
+                    if pairs:
+                        chunk_scores(q_pairs[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
+                                     ahead, n_next)
+                    else:
+                        chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
+                                     ahead, n_next)
                 else:
                     _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
@@ -226,7 +248,10 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
                                                      q_start[b] + r % Lq, j0 + jj,
                                                      score_args)
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
-                if products:
+                if pairs:
+                    round_weights(sf, CHUNK, R, nk, w_pairs)
+                    chunk_values(w_pairs, CHUNK, vf, rows, nk, R, Dv, acc_all[t])
+                elif products:
                     chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, acc_all[t])
                 else:
                     _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)

@@ -20,7 +20,12 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
 
 Rows are given as row indices into the flat cache (``(page · Hkv + hk) · page_size +
 slot``): key row i starts at element ``i · D``, value row i at ``i · Dv``.  Half caches
-(their bits) are widened in registers as each vector is loaded: never copied.  Used for
+(their bits) are widened in registers as each vector is loaded: never copied.  A bfloat16
+cache (with D a multiple of 32) takes both products as bfloat16 pairs instead
+(:mod:`kernels.numba_cpu.pair_products`: two products per lane and step, half the
+arithmetic): the queries as their bfloat16 bits, the softmax weights rounded to bfloat16
+for the values' product (as FlashAttention does; the row sums keep the float32 weights).
+The operands' dtype chooses the product (:func:`pair_operands`).  Used for
 float32 and half caches where D and Dv are multiples of ``NR`` (64, 128, 256: every
 model's head size); other sizes and float64 caches keep the plain loops of
 :mod:`kernels.numba_cpu.decode`.  Measured against those loops: docs/guide/decode.md.
@@ -28,10 +33,14 @@ model's head size); other sizes and float64 caches keep the plain loops of
 
 from __future__ import annotations
 
-from numba import njit
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
 
+from .._jit.half import compute_dtype_of
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
+from .pair_products import NATIVE, pair_row_dots, pair_tile_product
 from .products import row_dots, tile_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
@@ -42,10 +51,70 @@ MR = 4
 NV = 64
 
 
+_BF16_BITS = types.uint16
+
+
+def pair_operands(cache):
+    """Whether the products take ``cache``'s rows as bfloat16 pairs (a bfloat16 cache): a
+    constant of the cache's type, so the pair branch compiles only where it runs."""
+    raise NotImplementedError
+
+
+@overload(pair_operands, inline="always")
+def _pair_operands_overload(cache):
+    return (lambda cache: True) if cache.dtype == _BF16_BITS else (lambda cache: False)
+
+
+def operand_scratch(cache, size):
+    """A scratch of ``size`` product operands for ``cache``: bfloat16 bits for a bfloat16
+    cache (the queries and the rounded weights of the pair products), else the compute
+    dtype (the pair branch that would read it never runs)."""
+    raise NotImplementedError
+
+
+@overload(operand_scratch, inline="always")
+def _operand_scratch_overload(cache, size):
+    if cache.dtype == _BF16_BITS:
+        return lambda cache, size: np.empty(size, dtype=np.uint16)
+    return lambda cache, size: np.empty(size, dtype=compute_dtype_of(cache))
+
+
+def _dots(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
+    """:func:`row_dots` (``nr = NR``), or :func:`pair_row_dots` for bfloat16 ``a``."""
+    raise NotImplementedError
+
+
+@overload(_dots, inline="always", prefer_literal=True)
+def _dots_overload(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
+    if a.dtype == _BF16_BITS:
+        native = NATIVE
+        return lambda a, a0, lda, b, b0, c, c0, ldc, depth, mr: pair_row_dots(
+            a, a0, lda, b, b0, c, c0, ldc, depth, mr, native)
+    return lambda a, a0, lda, b, b0, c, c0, ldc, depth, mr: row_dots(
+        a, a0, lda, b, b0, c, c0, ldc, depth, mr, NR)
+
+
+def _weighted(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
+    """:func:`tile_product` (accumulating), or :func:`pair_tile_product` for bfloat16
+    weights ``w``."""
+    raise NotImplementedError
+
+
+@overload(_weighted, inline="always", prefer_literal=True)
+def _weighted_overload(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
+    if w.dtype == _BF16_BITS:
+        native = NATIVE
+        return lambda w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols: pair_tile_product(
+            w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols, native)
+    return lambda w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols: tile_product(
+        w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols, True)
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead, n_ahead):
     """``scores[r·ldc + jj] = scale · q_r · k_jj`` for every row and key of a chunk: ``qf``
-    the R x D queries (compute dtype), key jj is row ``rows[jj]`` of ``keys``.  With key
+    the R x D queries (compute dtype, or bfloat16 bits: pairs), key jj is row ``rows[jj]``
+    of ``keys``.  With key
     jj it prefetches key and value row ``ahead[jj]`` (``jj < n_ahead``: the rows taken next)."""
     full = R - R % MR
     for jj in range(nk):
@@ -54,9 +123,9 @@ def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead
             prefetch_rows(values, ahead[jj] * Dv, 1, Dv)
         k0 = rows[jj] * D
         for r in range(0, full, MR):
-            row_dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, MR, NR)
+            _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, MR)
         for r in range(full, R):
-            row_dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, 1, NR)
+            _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, 1)
     for jj in range(nk, n_ahead):  # a short chunk before a full one
         prefetch_rows(keys, ahead[jj] * D, 1, D)
         prefetch_rows(values, ahead[jj] * Dv, 1, Dv)
@@ -71,18 +140,19 @@ def _run_product(weights, w0, ldw, values, v0, Dv, acc, c0, run, R, nv):
     for every row r < R and t < run: blocks of MR rows, then one row at a time."""
     full = R - R % MR
     for r in range(0, full, MR):
-        tile_product(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run,
-                     MR, nv, True)
+        _weighted(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run, MR,
+                  nv)
     for r in range(full, R):
-        tile_product(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run,
-                     1, nv, True)
+        _weighted(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run, 1,
+                  nv)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc):
     """``acc[r·Dv:(r+1)·Dv] += Σ_jj weights[r·ldw + jj] · v_jj`` (value jj is row
-    ``rows[jj]`` of ``values``), one product per block of rows and columns and per run of
-    keys in consecutive rows (a page's keys)."""
+    ``rows[jj]`` of ``values``; weights in the compute dtype, or bfloat16 bits: pairs), one
+    product per block of rows and columns and per run of keys in consecutive rows (a
+    page's keys)."""
     wide = Dv - Dv % NV  # columns in blocks of NV, the rest in blocks of NR
     jj = 0
     while jj < nk:
@@ -95,3 +165,19 @@ def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc):
         for c0 in range(wide, Dv, NR):
             _run_product(weights, jj, ldw, values, v0 + c0, Dv, acc, c0, run, R, NR)
         jj += run
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def round_weights(scores, ldc, R, nk, weights):
+    """``weights[r·ldc + jj]``: ``scores[r·ldc + jj]`` (float32, ≥ 0 or NaN) rounded to the
+    nearest bfloat16, ties to even, for the pair products (a NaN stays a NaN); a vectorised
+    loop on the bits."""
+    bits = scores.view(np.uint32)
+    one, half, sixteen = np.uint32(1), np.uint32(0x7FFF), np.uint32(16)
+    for r in range(R):
+        for jj in range(nk):  # from 0: a loop from r·ldc did not vectorise (5 vs 0.8 ns/key)
+            u = bits[r * ldc + jj]
+            rounded = (u + half + ((u >> sixteen) & one)) >> sixteen
+            quiet = (u >> sixteen) | np.uint32(0x40)
+            nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+            weights[r * ldc + jj] = np.uint16(quiet) if nan else np.uint16(rounded)

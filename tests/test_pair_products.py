@@ -1,0 +1,140 @@
+"""The bfloat16 pair products of the decode kernel (``kernels/numba_cpu/pair_products.py``).
+
+Both products against NumPy in float64 (the products of two bfloat16 are exact in float32,
+so the error is the float32 sums' alone), in both forms: the ``vdpbf16ps`` instruction
+where this machine has it and the two fused multiply-adds that stand in for it elsewhere,
+which must agree bit for bit on normal numbers (Intel defines the instruction as the odd
+pair's product added, rounded, then the even pair's). Odd runs of keys pair the last key
+with zeros, never with the row after it (NaN planted there). The weights' rounding against
+ml_dtypes'. The decode step on the pair path: tests/test_decode_products.py (D = 32) and
+the head sizes of real models below.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import njit
+
+from kernels.numba_cpu.decode_products import round_weights
+from kernels.numba_cpu.pair_products import NATIVE, pair_row_dots, pair_tile_product
+
+from .test_decode import _check_against_oracle, _decode_case
+
+BF16 = ml_dtypes.bfloat16
+FORMS = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not NATIVE, reason="this machine (or its LLVM) has no vdpbf16ps"))]
+
+
+# The helpers below are not cached on disk: Numba stamps a cached function with its own
+# file only, and tests/ is outside kernels._jit.cache's stamps (an edit of the intrinsics
+# would leave stale code).
+@njit
+def _dots(a, a0, lda, b, c, depth, mr4, native):
+    if mr4:
+        if native:
+            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 4, True)
+        else:
+            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 4, False)
+    elif native:
+        pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, True)
+    else:
+        pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, False)
+
+
+@njit
+def _tile(w, w0, ldw, b, ldb, c, ldc, run, native):
+    """4 rows x 48 columns (three vectors of 16) of ``c += w · b``."""
+    if native:
+        pair_tile_product(w, w0, ldw, b, 0, ldb, c, 0, ldc, run, 4, 48, True)
+    else:
+        pair_tile_product(w, w0, ldw, b, 0, ldb, c, 0, ldc, run, 4, 48, False)
+
+
+def _bits(x):
+    return np.ascontiguousarray(x).view(np.uint16).ravel()
+
+
+@pytest.mark.parametrize("native", FORMS)
+@pytest.mark.parametrize("depth", [32, 128, 256])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_row_dots_match_numpy(native, depth, rows):
+    rng = np.random.default_rng(depth + rows)
+    a = rng.standard_normal((rows, depth + 32)).astype(BF16)
+    b = (rng.standard_normal(depth) * 3).astype(BF16)
+    c = np.full(rows, np.nan, dtype=np.float32)
+    _dots(_bits(a), 32, depth + 32, _bits(b), c, depth, rows == 4, native)  # a0: offset 32
+    a64, b64 = a[:, 32:].astype(np.float64), b.astype(np.float64)
+    bound = depth * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64))  # float32 sums of exact products
+    assert np.all(np.abs(c - a64 @ b64) <= bound)
+
+
+@pytest.mark.parametrize("native", FORMS)
+@pytest.mark.parametrize("run", [1, 2, 5, 17, 64])
+def test_tile_product_matches_numpy_and_never_reads_past_the_run(native, run):
+    rng = np.random.default_rng(run)
+    w = rng.random((4, 70)).astype(BF16)
+    w0 = 3  # an odd start: weight pairs loaded from 2-byte aligned addresses
+    values = rng.standard_normal((run + 1, 48)).astype(BF16)
+    values[run] = np.nan  # the row after the run: an odd run's last key pairs with zeros
+    c = rng.standard_normal((4, 48)).astype(np.float32)
+    expected = c + w[:, w0:w0 + run].astype(np.float64) @ values[:run].astype(np.float64)
+    _tile(_bits(w), w0, 70, _bits(values), 48, c.reshape(-1), 48, run, native)
+    assert not np.isnan(c).any()
+    w64, v64 = w[:, w0:w0 + run].astype(np.float64), values[:run].astype(np.float64)
+    magnitude = np.abs(w64) @ np.abs(v64)
+    assert np.all(np.abs(c - expected) <= (run + 1) * 2.0 ** -24 * (magnitude + 4))
+
+
+@pytest.mark.skipif(not NATIVE, reason="this machine (or its LLVM) has no vdpbf16ps")
+def test_instruction_and_emulation_agree_bit_for_bit():
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((4, 128)) * 10.0 ** rng.integers(-3, 4, (4, 128))).astype(BF16)
+    b = (rng.standard_normal(128) * 10.0 ** rng.integers(-3, 4, 128)).astype(BF16)
+    dots = [np.empty(4, np.float32), np.empty(4, np.float32)]
+    for native, c in zip((False, True), dots, strict=True):
+        _dots(_bits(a), 0, 128, _bits(b), c, 128, True, native)
+    assert dots[0].tobytes() == dots[1].tobytes()
+    w = rng.random((4, 64)).astype(BF16)
+    values = rng.standard_normal((63, 48)).astype(BF16)
+    tiles = [np.zeros((4, 48), np.float32), np.zeros((4, 48), np.float32)]
+    for native, c in zip((False, True), tiles, strict=True):
+        _tile(_bits(w), 0, 64, _bits(values), 48, c.reshape(-1), 48, 63, native)
+    assert tiles[0].tobytes() == tiles[1].tobytes()
+
+
+@njit
+def _rounded(scores, R, nk, ldc):
+    weights = np.zeros(scores.size, dtype=np.uint16)
+    round_weights(scores, ldc, R, nk, weights)
+    return weights
+
+
+def test_weights_round_to_nearest_even_as_ml_dtypes():
+    rng = np.random.default_rng(3)
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 0.5 + 2.0 ** -9], dtype=np.float32)
+    specials = np.array([0.0, 1.0, np.nan, 1e-40, np.finfo(np.float32).max], dtype=np.float32)
+    scores = np.concatenate([rng.random(56, dtype=np.float32), ties, specials])  # 64
+    weights = _rounded(np.tile(scores, 2), 2, 61, 64)  # the last 3 of each row not touched
+    expected = scores.astype(BF16).view(np.uint16)
+    for r in range(2):
+        row = weights[r * 64:(r + 1) * 64]
+        np.testing.assert_array_equal(row[:61][~np.isnan(scores[:61])],
+                                      expected[:61][~np.isnan(scores[:61])])
+        assert np.isnan(row[:61].view(BF16).astype(np.float32)[np.isnan(scores[:61])]).all()
+        assert not row[61:].any()
+
+
+@pytest.mark.parametrize("H, Hkv, D, Dv, page_size, num_splits", [
+    pytest.param(32, 8, 128, 128, None, 0, id="gqa-d128-contiguous"),
+    pytest.param(8, 1, 64, 64, 16, 2, id="mqa-d64-page16-split2"),
+    pytest.param(4, 4, 96, 48, 4, 1, id="mha-d96-dv48-page4"),
+])
+def test_decode_on_the_pair_path_matches_the_oracle(H, Hkv, D, Dv, page_size, num_splits):
+    rng = np.random.default_rng(H + D)
+    q, k_cache, v_cache, table, lengths, k_new, v_new = _decode_case(
+        rng, 1, 333, 1, H, Hkv, page_size, np.dtype(BF16), D=D, DV=Dv)
+    out, _, _, _ = _check_against_oracle("numba", q, k_cache, v_cache, table, lengths,
+                                         k_new, v_new, num_splits=num_splits)
+    assert not np.isnan(out.astype(np.float64)).any()  # NaN fills every slot past the keys
