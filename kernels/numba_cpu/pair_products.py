@@ -34,7 +34,6 @@ import functools
 
 import llvmlite.binding as llvm
 from llvmlite import ir
-from llvmlite.ir.types import _BaseFloatType
 from numba import types
 from numba.core import cgutils
 from numba.core.registry import cpu_target
@@ -52,24 +51,33 @@ PAIR_BLOCK = 2 * LANES
 _BF16_BITS = types.uint16
 
 
-class _BFloatType(_BaseFloatType):
-    """LLVM's ``bfloat`` (llvmlite has no type for it): the operand type of the
-    ``vdpbf16ps`` intrinsic since LLVM 17."""
+def _bfloat_type():
+    """LLVM's ``bfloat``, the operand type of ``vdpbf16ps`` since LLVM 17, built on
+    llvmlite's private float base (llvmlite has no such type); None where that is missing
+    (then the kernels use the emulation)."""
+    try:
+        from llvmlite.ir.types import _BaseFloatType
+    except ImportError:
+        return None
 
-    null = "0.0"
-    intrinsic_name = "bf16"
+    class BFloatType(_BaseFloatType):
+        null = "0.0"
+        intrinsic_name = "bf16"
 
-    def __str__(self):
-        return "bfloat"
+        def __str__(self):
+            return "bfloat"
+
+    BFloatType._create_instance()
+    return BFloatType()
 
 
-_BFloatType._create_instance()
+_BFLOAT = _bfloat_type()
 
 
 def _native_dot_available() -> bool:
     """Whether Numba's target machine has AVX512-BF16 and its LLVM takes ``<32 x bfloat>``
     operands for ``vdpbf16ps`` (LLVM 17 and later)."""
-    if llvm.llvm_version_info < (17,):
+    if llvm.llvm_version_info < (17,) or _BFLOAT is None:
         return False
     features = getattr(cpu_target.target_context.codegen(), "_tm_features", "") or ""
     return "+avx512bf16" in features.split(",")
@@ -85,7 +93,7 @@ def dot_pairs(builder, acc, x, y, native):
     the odd pair's product added first, then the even pair's."""
     f32v = acc.type
     if native:
-        bfv = ir.VectorType(_BFloatType(), 2 * LANES)
+        bfv = ir.VectorType(_BFLOAT, 2 * LANES)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(f32v, [f32v, bfv, bfv]),
             "llvm.x86.avx512bf16.dpbf16ps.512")
