@@ -9,8 +9,9 @@ looped over ``--keys`` keys of one key/value head that stay in L2: the scores
 softmax and, for the bfloat16 pair products, the rounding of the weights.  Three ways:
 a float32 cache, a bfloat16 cache widened to float32 in registers (what bfloat16 caches
 took before the pair products), and a bfloat16 cache as pairs
-(``kernels/numba_cpu/pair_products.py``).  Each figure is the best of 7 runs of the loop,
-in ns per key for ``--rows`` query rows (GQA 32/8 at Lq = 1: 4).  A whole step that reads
+(``kernels/numba_cpu/pair_products.py``).  Each figure is the median of the timed batches
+of the loop (:func:`attnbench.measure.timing.measure`, warm-up excluded) with its 95%
+interval, in ns per key for ``--rows`` query rows (GQA 32/8 at Lq = 1: 4).  A whole step that reads
 its cache from memory costs more than the sum where the reads do not overlap the
 arithmetic: compare with ``attnbench bench --only decode``.
 """
@@ -18,9 +19,9 @@ arithmetic: compare with ``attnbench bench --only decode``.
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
-import time
 from pathlib import Path
 
 import ml_dtypes
@@ -30,6 +31,7 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attnbench.measure.timing import measure  # noqa: E402
 from kernels.numba_cpu.decode import CHUNK, _softmax_update  # noqa: E402
 from kernels.numba_cpu.decode_products import (  # noqa: E402
     chunk_scores,
@@ -79,16 +81,12 @@ def _rounding(scores, n, R, reps, weights):
             round_weights(scores, CHUNK, R, CHUNK, weights)
 
 
-def _best(fn, args, n, reps):
-    fn(*args)
-    best = min(_timed(fn, args) for _ in range(7))
-    return best / (n * reps) * 1e9
-
-
-def _timed(fn, args):
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
+def _ns_per_key(fn, args, n, reps):
+    """``(median, low, high)``: ns per key of ``fn(*args)`` (``n`` keys, ``reps`` passes)."""
+    timing = measure(functools.partial(fn, *args), repeat=9, number=1)
+    per_key = 1e9 / (n * reps)
+    low, high = timing.ci95
+    return timing.median * per_key, low * per_key, high * per_key
 
 
 def main():
@@ -111,18 +109,18 @@ def main():
     ways = [("float32", q32, f32, p32), ("bfloat16 widened", q32, bf16, p32),
             ("bfloat16 pairs", q16, bf16, p16)]
     print(f"{platform.processor() or platform.machine()}, 1 thread, R={R} D={D}, {n} keys "
-          f"in L2, best of 7 x {reps} passes; vdpbf16ps: {'yes' if NATIVE else 'no (emulated)'}")
-    print(f"{'cache':18s} {'scores':>8s} {'values':>8s} {'softmax':>8s} {'rounding':>9s} "
-          f"{'total':>8s}  ns per key")
+          f"in L2, {reps} passes a call, median [95% interval] of 9 calls; vdpbf16ps: "
+          f"{'yes' if NATIVE else 'no (emulated)'}")
+    print(f"{'cache':18s} {'scores':>20s} {'values':>20s} {'softmax':>20s} "
+          f"{'rounding':>20s} {'total':>7s}  ns per key")
     for name, q, (keys, values), weights in ways:
-        parts = [_best(_scores, (q, keys, values, n, R, D, reps, p32.copy()), n, reps),
-                 _best(_values, (weights, values, n, R, D, reps, acc), n, reps),
-                 _best(_softmax, (p32.copy(), n, R, D, reps, acc), n, reps)]
-        parts.append(_best(_rounding, (p32, n, R, reps, np.empty(R * CHUNK, np.uint16)),
-                           n, reps) if name.endswith("pairs") else 0.0)
-        print(f"{name:18s} " + " ".join(f"{x:8.2f}" for x in parts[:3])
-              + f" {parts[3]:9.2f} {sum(parts):8.2f}")
-
+        parts = [_ns_per_key(_scores, (q, keys, values, n, R, D, reps, p32.copy()), n, reps),
+                 _ns_per_key(_values, (weights, values, n, R, D, reps, acc), n, reps),
+                 _ns_per_key(_softmax, (p32.copy(), n, R, D, reps, acc), n, reps)]
+        parts.append(_ns_per_key(_rounding, (p32, n, R, reps, np.empty(R * CHUNK, np.uint16)),
+                                 n, reps) if name.endswith("pairs") else (0.0, 0.0, 0.0))
+        cells = " ".join(f"{m:6.2f} [{lo:5.2f}, {hi:5.2f}]" for m, lo, hi in parts)
+        print(f"{name:18s} {cells} {sum(m for m, _, _ in parts):7.2f}")
 
 if __name__ == "__main__":
     main()

@@ -35,6 +35,11 @@ def is_half_bits(dtype) -> bool:
     return dtype in (_BF16, _F16)
 
 
+def is_bfloat16_bits(dtype) -> bool:
+    """Whether the Numba dtype ``dtype`` holds bfloat16 bits (``uint16``)."""
+    return dtype == _BF16
+
+
 def widen_vector_ir(builder, bits, dtype):
     """LLVM IR: a vector of half bits (``<n x i16>``, Numba dtype ``dtype``: uint16 for
     bfloat16, int16 for float16) as ``<n x float>``, each lane widened as :func:`widen`

@@ -176,17 +176,14 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
     j_lo = min(s * per, n)
     j_hi = min(j_lo + per, n)
     q_all = np.empty((T, R * D), dtype=ct)  # each head's queries, rows r = g·Lq + i
+    q_pairs = operand_scratch(k_cache, T * R * D if pairs else 0).reshape((-1, R * D))
     for t in range(T):
-        qs = q_all[t].reshape((R, D))
         for r in range(R):
             for d in range(D):
-                qs[r, d] = widen(q[b, (hk_lo + t) * G + r // Lq, r % Lq, d])
-    q_pairs = operand_scratch(k_cache, T * R * D if pairs else 0).reshape((-1, R * D))
-    if pairs:  # the queries' own bfloat16 bits
-        for t in range(T):
-            for r in range(R):
-                for d in range(D):
-                    q_pairs[t, r * D + d] = q[b, (hk_lo + t) * G + r // Lq, r % Lq, d]
+                x = q[b, (hk_lo + t) * G + r // Lq, r % Lq, d]
+                q_all[t, r * D + d] = widen(x)
+                if pairs:  # the queries' own bfloat16 bits, for the pair products
+                    q_pairs[t, r * D + d] = x
     w_pairs = operand_scratch(k_cache, R * CHUNK if pairs else 0)
     acc_all = np.zeros((T, R * Dv), dtype=ct)
     max_all = np.full((T, R), neg_inf, dtype=ct)

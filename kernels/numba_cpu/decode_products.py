@@ -34,10 +34,10 @@ model's head size); other sizes and float64 caches keep the plain loops of
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 from numba.extending import overload
 
-from .._jit.half import compute_dtype_of
+from .._jit.half import compute_dtype_of, is_bfloat16_bits
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
 from .pair_products import NATIVE, pair_row_dots, pair_tile_product
@@ -51,9 +51,6 @@ MR = 4
 NV = 64
 
 
-_BF16_BITS = types.uint16
-
-
 def pair_operands(cache):
     """Whether the products take ``cache``'s rows as bfloat16 pairs (a bfloat16 cache): a
     constant of the cache's type, so the pair branch compiles only where it runs."""
@@ -62,7 +59,7 @@ def pair_operands(cache):
 
 @overload(pair_operands, inline="always")
 def _pair_operands_overload(cache):
-    return (lambda cache: True) if cache.dtype == _BF16_BITS else (lambda cache: False)
+    return (lambda cache: True) if is_bfloat16_bits(cache.dtype) else (lambda cache: False)
 
 
 def operand_scratch(cache, size):
@@ -74,7 +71,7 @@ def operand_scratch(cache, size):
 
 @overload(operand_scratch, inline="always")
 def _operand_scratch_overload(cache, size):
-    if cache.dtype == _BF16_BITS:
+    if is_bfloat16_bits(cache.dtype):
         return lambda cache, size: np.empty(size, dtype=np.uint16)
     return lambda cache, size: np.empty(size, dtype=compute_dtype_of(cache))
 
@@ -86,7 +83,7 @@ def _dots(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
 
 @overload(_dots, inline="always", prefer_literal=True)
 def _dots_overload(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
-    if a.dtype == _BF16_BITS:
+    if is_bfloat16_bits(a.dtype):
         native = NATIVE
         return lambda a, a0, lda, b, b0, c, c0, ldc, depth, mr: pair_row_dots(
             a, a0, lda, b, b0, c, c0, ldc, depth, mr, native)
@@ -102,7 +99,7 @@ def _weighted(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
 
 @overload(_weighted, inline="always", prefer_literal=True)
 def _weighted_overload(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
-    if w.dtype == _BF16_BITS:
+    if is_bfloat16_bits(w.dtype):
         native = NATIVE
         return lambda w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols: pair_tile_product(
             w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols, native)
@@ -114,8 +111,8 @@ def _weighted_overload(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
 def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead, n_ahead):
     """``scores[r·ldc + jj] = scale · q_r · k_jj`` for every row and key of a chunk: ``qf``
     the R x D queries (compute dtype, or bfloat16 bits: pairs), key jj is row ``rows[jj]``
-    of ``keys``.  With key
-    jj it prefetches key and value row ``ahead[jj]`` (``jj < n_ahead``: the rows taken next)."""
+    of ``keys``.  With key jj it prefetches key and value row ``ahead[jj]`` (``jj <
+    n_ahead``: the rows taken next)."""
     full = R - R % MR
     for jj in range(nk):
         if jj < n_ahead:

@@ -39,6 +39,7 @@ from numba.core import cgutils
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
+from .._jit.half import is_bfloat16_bits
 from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
 
 __all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_row_dots", "pair_tile_product"]
@@ -47,9 +48,6 @@ __all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_row_dots", "pair_tile_product"
 LANES = 16
 #: bfloat16 elements per step, and the block of columns the products take.
 PAIR_BLOCK = 2 * LANES
-
-_BF16_BITS = types.uint16
-
 
 def _bfloat_type():
     """LLVM's ``bfloat``, the operand type of ``vdpbf16ps`` since LLVM 17, built on
@@ -115,7 +113,7 @@ def dot_pairs(builder, acc, x, y, native):
 
 
 def _bits_ok(*arrays) -> bool:
-    return all(isinstance(a, types.Array) and a.dtype == _BF16_BITS for a in arrays)
+    return all(isinstance(a, types.Array) and is_bfloat16_bits(a.dtype) for a in arrays)
 
 
 def _blocks(*literals):
