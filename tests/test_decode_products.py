@@ -20,7 +20,7 @@ from numba import njit
 
 import kernels
 from kernels import mods
-from kernels.numba_cpu.products import row_dots
+from kernels.numba_cpu.products import block_dots, row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 
@@ -89,6 +89,52 @@ def test_row_dots_are_the_dot_products(dtype, rows, depth):
     bound = 2 * depth * eps * (np.abs(a.reshape(rows, depth)) @ np.abs(b[7:])) + 1e-300
     assert (np.abs(c[::3] - expected) <= bound).all()
     assert (c.reshape(rows, 3)[:, 1:] == -1).all()  # nothing written between the rows
+
+
+@njit  # not cached on disk: an edit of the intrinsics would leave stale code
+def _blocks_and_singles(a, b, rows, depth):
+    """Scores of 7 rows against the key rows ``rows`` (8), ldc = 9: blocks of 4 rows x 4
+    keys, 2 x 4, 1 x 4 and 1 x 16 (the first 16 keys' sums of one row: rows repeated), and
+    one row and key at a time (``row_dots``)."""
+    blocked = np.full(7 * 9, np.nan, dtype=a.dtype)
+    single = np.full(7 * 9, np.nan, dtype=a.dtype)
+    for j0 in range(0, 8, 4):
+        block_dots(a, 0, depth, b, rows, j0, depth, blocked, j0, 9, depth, 4, 4, 16)
+        block_dots(a, 4 * depth, depth, b, rows, j0, depth, blocked, 36 + j0, 9, depth, 2, 4,
+                   16)
+        block_dots(a, 6 * depth, depth, b, rows, j0, depth, blocked, 54 + j0, 9, depth, 1, 4,
+                   16)
+    wide = np.full(16, np.nan, dtype=a.dtype)
+    doubled = np.concatenate((rows, rows))
+    block_dots(a, 6 * depth, depth, b, doubled, 0, depth, wide, 0, 16, depth, 1, 16, 16)
+    for jj in range(8):
+        for r in range(7):
+            row_dots(a, r * depth, depth, b, rows[jj] * depth, single, r * 9 + jj, 9, depth,
+                     1, 16)
+    return blocked, single, wide
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16 keys", "bfloat16 keys"])
+def test_block_dots_are_the_row_dots_bit_for_bit(dtype):
+    """The decode scores four keys at a time give the bits of one key at a time (the same
+    additions, folded together), keys given by index out of order (a paged cache)."""
+    rng = np.random.default_rng(3)
+    depth = 48
+    a_dtype = np.float64 if dtype == "float64" else np.float32
+    key_dtype = {"float16 keys": np.float16, "bfloat16 keys": ml_dtypes.bfloat16}.get(
+        dtype, a_dtype)
+    a = rng.standard_normal(7 * depth).astype(a_dtype)
+    keys = rng.standard_normal((11, depth)).astype(key_dtype)
+    b = keys.view(np.uint16 if dtype == "bfloat16 keys" else
+                  np.int16 if dtype == "float16 keys" else key_dtype).ravel()
+    rows = np.array([7, 2, 3, 10, 0, 5, 9, 1])
+    blocked, single, wide = _blocks_and_singles(a, b, rows, depth)
+    assert blocked.tobytes() == single.tobytes()  # the NaN between the rows included
+    assert wide.tobytes() == np.tile(single[54:62], 2).tobytes()
+    exact = a.reshape(7, depth).astype(np.float64) @ keys[rows].astype(np.float64).T
+    bound = 2 * depth * np.finfo(a_dtype).eps * (np.abs(a.reshape(7, depth)).astype(np.float64)
+                                                 @ np.abs(keys[rows].astype(np.float64)).T)
+    assert np.all(np.abs(blocked.reshape(7, 9)[:, :8] - exact) <= bound)
 
 
 def test_float32_product_path_never_reads_past_the_sequence():

@@ -18,7 +18,12 @@ import pytest
 from numba import njit
 
 from kernels.numba_cpu.decode_products import round_weights
-from kernels.numba_cpu.pair_products import NATIVE, pair_row_dots, pair_tile_product
+from kernels.numba_cpu.pair_products import (
+    NATIVE,
+    pair_block_dots,
+    pair_row_dots,
+    pair_tile_product,
+)
 
 from .test_decode import _check_against_oracle, _decode_case
 
@@ -41,6 +46,34 @@ def _dots(a, a0, lda, b, c, depth, mr4, native):
         pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, True)
     else:
         pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, False)
+
+
+@njit
+def _block_then_rows(a, lda, b, rows, ldb, depth, native):
+    """Scores of 4 query rows against the key rows ``rows`` (8 of them): blocks of 4 rows
+    and 4 keys, of 2 and 4, of 1 and 4, then one key and one row at a time; ldc = 9 (the
+    entries between stay NaN)."""
+    nk = rows.size
+    blocked = np.full(4 * 9, np.nan, np.float32)
+    single = np.full(4 * 9, np.nan, np.float32)
+    for j0 in range(0, nk, 4):
+        if native:
+            pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 2, 4, True)
+            pair_block_dots(a, 2 * lda, lda, b, rows, j0, ldb, blocked, 18 + j0, 9, depth,
+                            1, 4, True)
+            pair_block_dots(a, 3 * lda, lda, b, rows, j0, ldb, blocked, 27 + j0, 9, depth,
+                            1, 4, True)
+        else:
+            pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 4, 4, False)
+    for jj in range(nk):
+        for r in range(4):
+            if native:
+                pair_row_dots(a, r * lda, lda, b, rows[jj] * ldb, single, r * 9 + jj, 9,
+                              depth, 1, True)
+            else:
+                pair_row_dots(a, r * lda, lda, b, rows[jj] * ldb, single, r * 9 + jj, 9,
+                              depth, 1, False)
+    return blocked, single
 
 
 @njit
@@ -68,6 +101,25 @@ def test_row_dots_match_numpy(native, depth, rows):
     a64, b64 = a[:, 32:].astype(np.float64), b.astype(np.float64)
     bound = depth * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64))  # float32 sums of exact products
     assert np.all(np.abs(c - a64 @ b64) <= bound)
+
+
+@pytest.mark.parametrize("native", FORMS)
+@pytest.mark.parametrize("depth", [32, 128])
+def test_block_dots_are_the_row_dots_bit_for_bit(native, depth):
+    """Blocks of rows and key rows (by index, out of order: a paged cache) give the bits of
+    one row and key at a time, in both forms (blocks of 2 and 1 rows natively, 4 in the
+    emulation)."""
+    rng = np.random.default_rng(depth)
+    a = rng.standard_normal((4, depth)).astype(BF16)
+    keys = (rng.standard_normal((11, depth)) * 3).astype(BF16)
+    rows = np.array([7, 2, 3, 10, 0, 5, 9, 1])
+    blocked, single = _block_then_rows(_bits(a), depth, _bits(keys), rows, depth, depth,
+                                       native)
+    assert blocked.tobytes() == single.tobytes()  # the NaN between the rows included
+    exact = a.astype(np.float64) @ keys[rows].astype(np.float64).T
+    bound = depth * 2.0 ** -24 * (np.abs(a.astype(np.float64))
+                                   @ np.abs(keys[rows].astype(np.float64)).T)
+    assert np.all(np.abs(blocked.reshape(4, 9)[:, :8] - exact) <= bound)
 
 
 @pytest.mark.parametrize("native", FORMS)

@@ -7,8 +7,11 @@ reduction over D ending in a horizontal sum per (row, key), and the value update
 rows or more (GQA) the step was bound by that arithmetic, not by the cache's bytes.  Here
 (:mod:`kernels.numba_cpu.products`):
 
-- scores: :func:`~kernels.numba_cpu.products.row_dots`, one key row at a time (address
-  order), each of its vectors loaded once for ``MR`` rows;
+- scores: :func:`~kernels.numba_cpu.products.block_dots`, ``KB`` key rows at a time
+  (address order) for ``MR`` rows, each vector of a query row or key row loaded once per
+  block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys:
+  :func:`~kernels.numba_cpu.products.row_dots`, one key row at a time; the same sums bit
+  for bit either way);
 - values: :func:`~kernels.numba_cpu.products.tile_product` adds ``P[rows, keys] ·
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
@@ -40,13 +43,15 @@ from numba.extending import overload
 from .._jit.half import compute_dtype_of, is_bfloat16_bits
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
-from .pair_products import NATIVE, pair_row_dots, pair_tile_product
-from .products import row_dots, tile_product
+from .pair_products import NATIVE, pair_block_dots, pair_row_dots, pair_tile_product
+from .products import block_dots, row_dots, tile_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
 NR = 16
 #: Query rows per register block.
 MR = 4
+#: Key rows per block of the scores (MR x KB: 16 sums, folded into one vector).
+KB = NR // MR
 #: Value columns per register block of the values' product (MR x NV: 16 zmm of float32).
 NV = 64
 
@@ -91,6 +96,21 @@ def _dots_overload(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
         a, a0, lda, b, b0, c, c0, ldc, depth, mr, NR)
 
 
+def _block(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk):
+    """:func:`block_dots` (``nr = NR``), or :func:`pair_block_dots` for bfloat16 ``a``."""
+    raise NotImplementedError
+
+
+@overload(_block, inline="always", prefer_literal=True)
+def _block_overload(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk):
+    if is_bfloat16_bits(a.dtype):
+        native = NATIVE
+        return lambda a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk: pair_block_dots(
+            a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, native)
+    return lambda a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk: block_dots(
+        a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, NR)
+
+
 def _weighted(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
     """:func:`tile_product` (accumulating), or :func:`pair_tile_product` for bfloat16
     weights ``w``."""
@@ -114,18 +134,26 @@ def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead
     of ``keys``.  With key jj it prefetches key and value row ``ahead[jj]`` (``jj <
     n_ahead``: the rows taken next)."""
     full = R - R % MR
-    for jj in range(nk):
-        if jj < n_ahead:
+    for j0 in range(0, max(nk, n_ahead), KB):
+        for jj in range(j0, min(j0 + KB, n_ahead)):
             prefetch_rows(keys, ahead[jj] * D, 1, D)
             prefetch_rows(values, ahead[jj] * Dv, 1, Dv)
-        k0 = rows[jj] * D
-        for r in range(0, full, MR):
-            _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, MR)
-        for r in range(full, R):
-            _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, 1)
-    for jj in range(nk, n_ahead):  # a short chunk before a full one
-        prefetch_rows(keys, ahead[jj] * D, 1, D)
-        prefetch_rows(values, ahead[jj] * Dv, 1, Dv)
+        if j0 + KB <= nk:  # KB keys for every row: blocks of MR rows, then 2, then 1
+            for r in range(0, full, MR):
+                _block(qf, r * D, D, keys, rows, j0, D, scores, r * ldc + j0, ldc, D, MR, KB)
+            r = full
+            if R - r >= 2:
+                _block(qf, r * D, D, keys, rows, j0, D, scores, r * ldc + j0, ldc, D, 2, KB)
+                r += 2
+            if r < R:
+                _block(qf, r * D, D, keys, rows, j0, D, scores, r * ldc + j0, ldc, D, 1, KB)
+            continue
+        for jj in range(j0, nk):  # the chunk's last keys, one at a time
+            k0 = rows[jj] * D
+            for r in range(0, full, MR):
+                _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, MR)
+            for r in range(full, R):
+                _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, 1)
     for r in range(R):
         for jj in range(nk):
             scores[r * ldc + jj] *= scale

@@ -9,6 +9,9 @@ memory, set its time (docs/guide/decode.md).  Here both products take their oper
 - :func:`pair_row_dots`: ``c[r] = a[r, :depth] · b[:depth]`` with ``a`` (the queries) and
   ``b`` (a key row) both bfloat16 bits; lane ``l`` of step ``t`` takes elements
   ``32t + 2l`` and ``32t + 2l + 1``; the 16 lanes are added pairwise at the end;
+- :func:`pair_block_dots`: the same for a block of rows and key rows at once (as
+  :func:`kernels.numba_cpu.products.block_dots`: each vector loaded once per step for the
+  block, the sums folded together), the same sums bit for bit;
 - :func:`pair_tile_product`: ``C[r, cols] += Σ_t w[r, t] · B[t, cols]`` over a run of
   keys, ``w`` the softmax weights rounded to bfloat16 (as FlashAttention feeds P to its
   second product) and ``B`` bfloat16 value rows, taken two keys at a time: the rows of keys
@@ -40,9 +43,19 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from .._jit.half import is_bfloat16_bits
-from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
+from .products import (
+    _accumulators,
+    _block_literals,
+    _int64_args,
+    _lanes_added,
+    _literal,
+    _pointer,
+    block_dots_ir,
+    key_pointers,
+)
 
-__all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_row_dots", "pair_tile_product"]
+__all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_block_dots", "pair_row_dots",
+           "pair_tile_product"]
 
 #: float32 lanes of one step (a 512-bit vector: 32 bfloat16 in 16 pairs).
 LANES = 16
@@ -165,6 +178,56 @@ def _row_dots_codegen(mr, native, context, builder, signature, args):
     for r in range(mr):
         scalar = _lanes_added(builder, builder.load(accs[r]), LANES)
         builder.store(scalar, builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]))
+    return context.get_dummy_value()
+
+
+@intrinsic
+def pair_block_dots(typingctx, a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk,
+                    native):
+    """``pair_block_dots(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, native)``.
+
+    Sets ``c[c0 + r·ldc + k]`` to ``Σ_t a[a0 + r·lda + t] · b[rows[j0 + k]·ldb + t]``
+    (``t < depth``) for ``r < mr``, ``k < nk``: :func:`pair_row_dots` for ``nk`` key rows at
+    once, the same sums bit for bit.  ``a`` and ``b`` bfloat16 bits, ``c`` float32;
+    ``depth`` a multiple of :data:`PAIR_BLOCK`; ``mr``, ``nk`` and ``native`` compile-time
+    constants, ``mr·nk`` a power of two ``<=`` :data:`LANES`."""
+    blocks = _block_literals(mr, nk, types.IntegerLiteral(LANES))
+    native_ = _literal(native, types.BooleanLiteral)
+    if blocks is None or native_ is None or not _bits_ok(a, b):
+        return None
+    if not isinstance(c, types.Array) or c.dtype != types.float32:
+        return None
+    if not (isinstance(rows, types.Array) and isinstance(rows.dtype, types.Integer)):
+        return None
+    if not all(isinstance(n, types.Integer) for n in (a0, lda, j0, ldb, c0, ldc, depth)):
+        return None
+    sig = types.void(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, native)
+    return sig, functools.partial(_block_dots_codegen, blocks[0], blocks[1], native_)
+
+
+def _block_dots_codegen(mr, nk, native, context, builder, signature, args):
+    i64 = ir.IntType(64)
+    ty = signature.args
+    a0_, lda_, j0_, ldb_, c0_, ldc_, depth_ = _int64_args(context, builder, signature, args,
+                                                          (1, 2, 5, 6, 8, 9, 10))
+    pa = _pointer(context, builder, ty[0], args[0], a0_)
+    pb = _pointer(context, builder, ty[3], args[3], ir.Constant(i64, 0))
+    pc = _pointer(context, builder, ty[7], args[7], c0_)
+    f32 = ir.FloatType()
+    f32v = ir.VectorType(f32, LANES)
+    i32v = ir.VectorType(ir.IntType(32), LANES)
+    rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
+    rows_b = key_pointers(context, builder, ty[4], args[4], j0_, ldb_, pb, nk)
+    accs = _accumulators(builder, f32v, mr * nk)
+    with cgutils.for_range(builder, builder.udiv(depth_, ir.Constant(i64, PAIR_BLOCK))) as loop:
+        t = builder.mul(loop.index, ir.Constant(i64, PAIR_BLOCK))
+        bvs = [_vector_at(builder, row, t, i32v) for row in rows_b]
+        for r in range(mr):
+            av = _vector_at(builder, rows_a[r], t, i32v)
+            for k in range(nk):
+                acc = accs[r * nk + k]
+                builder.store(dot_pairs(builder, builder.load(acc), av, bvs[k], native), acc)
+    block_dots_ir(builder, accs, mr, nk, LANES, pc, ldc_, f32, 4)
     return context.get_dummy_value()
 
 
