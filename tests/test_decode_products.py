@@ -20,7 +20,8 @@ from numba import njit
 
 import kernels
 from kernels import mods
-from kernels.numba_cpu.products import block_dots, row_dots
+from kernels.numba_cpu.block_products import block_dots
+from kernels.numba_cpu.products import row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 

@@ -5,9 +5,9 @@ the new queries) against one chunk of keys.  As plain Numba loops, a score is a 
 reduction over D ending in a horizontal sum per (row, key), and the value update
 ``acc[r] += p · v`` loads and stores the whole accumulator row for every key: with four
 rows or more (GQA) the step was bound by that arithmetic, not by the cache's bytes.  Here
-(:mod:`kernels.numba_cpu.products`):
+(:mod:`kernels.numba_cpu.products`, :mod:`kernels.numba_cpu.block_products`):
 
-- scores: :func:`~kernels.numba_cpu.products.block_dots`, ``KB`` key rows at a time
+- scores: :func:`~kernels.numba_cpu.block_products.block_dots`, ``KB`` key rows at a time
   (address order) for ``MR`` rows, each vector of a query row or key row loaded once per
   block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys:
   :func:`~kernels.numba_cpu.products.row_dots`, one key row at a time; the same sums bit
@@ -43,8 +43,9 @@ from numba.extending import overload
 from .._jit.half import compute_dtype_of, is_bfloat16_bits
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
+from .block_products import block_dots
 from .pair_products import NATIVE, pair_block_dots, pair_row_dots, pair_tile_product
-from .products import block_dots, row_dots, tile_product
+from .products import row_dots, tile_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
 NR = 16

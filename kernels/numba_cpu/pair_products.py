@@ -10,7 +10,7 @@ memory, set its time (docs/guide/decode.md).  Here both products take their oper
   ``b`` (a key row) both bfloat16 bits; lane ``l`` of step ``t`` takes elements
   ``32t + 2l`` and ``32t + 2l + 1``; the 16 lanes are added pairwise at the end;
 - :func:`pair_block_dots`: the same for a block of rows and key rows at once (as
-  :func:`kernels.numba_cpu.products.block_dots`: each vector loaded once per step for the
+  :func:`kernels.numba_cpu.block_products.block_dots`: each vector loaded once per step for the
   block, the sums folded together), the same sums bit for bit;
 - :func:`pair_tile_product`: ``C[r, cols] += Σ_t w[r, t] · B[t, cols]`` over a run of
   keys, ``w`` the softmax weights rounded to bfloat16 (as FlashAttention feeds P to its
@@ -43,16 +43,8 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from .._jit.half import is_bfloat16_bits
-from .products import (
-    _accumulators,
-    _block_literals,
-    _int64_args,
-    _lanes_added,
-    _literal,
-    _pointer,
-    block_dots_ir,
-    key_pointers,
-)
+from .block_products import _block_literals, block_dots_ir, key_pointers
+from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
 
 __all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_block_dots", "pair_row_dots",
            "pair_tile_product"]
