@@ -16,8 +16,8 @@ from attnbench.measure import peers
 def precision():
     config = bench_config.BenchConfig(
         heads=2, head_size=16, rounds=1, interval_rounds=1, precision_lengths=(64,),
-        precision_backward_length=48, decode_length=96, sections=("precision",),
-        peers=("torch",))
+        precision_torch_lengths=(32,), precision_backward_length=48, decode_length=96,
+        sections=("precision",), peers=("torch",))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bench_sections, "REMEASURE_SECONDS", 0.0)  # no extra rounds
         table, _ = run_bench(config, progress=lambda line: None)
@@ -28,10 +28,16 @@ def test_precision_rows(precision):
     _, table = precision
     assert set(table["section"]) == {"precision"}
     numba = table[table["impl"] == "numba"]
+    with_torch = peers.peer_status("torch")[0]
     prefill = numba[numba["variant"] == "prefill"]
-    assert set(zip(prefill["dtype"], prefill["causal"], strict=True)) == {
+    at_64 = prefill[prefill["L"] == 64]
+    assert set(zip(at_64["dtype"], at_64["causal"], strict=True)) == {
         (d, c) for d in ("float32", "bfloat16", "float16") for c in (False, True)}
-    assert set(prefill["L"]) == {64}
+    # the torch-only length: numba in bfloat16 beside torch, and only where torch is
+    at_32 = prefill[prefill["L"] == 32]
+    assert set(zip(at_32["dtype"], at_32["causal"], strict=True)) == (
+        {("bfloat16", c) for c in (False, True)} if with_torch else set())
+    assert set(prefill["L"]) == ({32, 64} if with_torch else {64})
     backward = numba[numba["variant"] == "backward"]
     assert set(zip(backward["dtype"], backward["causal"], strict=True)) == {
         (d, c) for d in ("float32", "bfloat16") for c in (False, True)}
@@ -43,7 +49,7 @@ def test_precision_rows(precision):
     assert (numba["status"] == "ok").all() and (numba["median_ms"] > 0).all()
     assert (numba["gflops"] > 0).all() and numba["samples_ms"].str.len().gt(0).all()
     torch_rows = table[table["impl"] == "torch"]
-    assert len(torch_rows) == (2 if peers.peer_status("torch")[0] else 0)
+    assert len(torch_rows) == (4 if with_torch else 0)
 
 
 def test_precision_targets(precision):
@@ -58,6 +64,9 @@ def test_precision_targets(precision):
     assert (targets.loc[names[:4], "met"] == interval_targets.INCONCLUSIVE).all()
     assert "L=64 causal" in targets.loc[names[0], "measured"]
     assert "L=96 causal" in targets.loc[names[3], "measured"]
+    assert "L=32" not in targets.loc[names[0], "measured"]  # no float32 there
+    if peers.peer_status("torch")[0]:
+        assert "L=32 causal" in targets.loc[names[4], "measured"]
     if not peers.peer_status("torch")[0]:
         assert pd.isna(targets.loc[names[4], "met"])  # no rows: no verdict
         assert "torch is not installed" in targets.loc[names[4], "note"]

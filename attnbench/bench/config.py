@@ -64,6 +64,7 @@ class BenchConfig:
     varlen_lengths: tuple[int, ...] = (4096, 2048, 1024, 512, 256, 128, 64, 32)  # packed
     sinks_length: int = 4096  # L of sinks vs plain (forward and backward)
     precision_lengths: tuple[int, ...] = (2048, 4096)  # L of the precision section's prefill
+    precision_torch_lengths: tuple[int, ...] = (1024,)  # more L for numba vs torch in bf16 only
     precision_backward_length: int = 2048  # L of its backward (float32 against bfloat16)
     sections: tuple[str, ...] = SECTIONS  # sections run (--only)
     interval_rounds: int = MIN_INTERVAL_SAMPLES  # fewest rounds of a section with interval targets
@@ -80,7 +81,8 @@ QUICK = BenchConfig(lengths=(256, 512, 1024), peak_min_length=1024, float64_leng
                     window_length=4096, documents_length=2048, score_length=1024,
                     window_backward_length=2048, decode_length=4096, decode_batch_length=1024,
                     decode_mqa_length=8192, varlen_lengths=(1024, 512, 256, 128, 64, 32, 16, 8),
-                    sinks_length=1024, precision_lengths=(512,), precision_backward_length=512,
+                    sinks_length=1024, precision_lengths=(512,), precision_torch_lengths=(),
+                    precision_backward_length=512,
                     quick=True)
 
 

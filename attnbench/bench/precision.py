@@ -9,7 +9,8 @@ compiles its kernel: the warm-up):
 - ``prefill``: float32, bfloat16 and float16 forward calls at each of
   ``config.precision_lengths``, causal and not (target: each half time <= 1.10x
   float32's), and torch's SDPA in bfloat16 beside them where torch is installed (target:
-  numba bf16 / torch bf16 <= 1.0);
+  numba bf16 / torch bf16 <= 1.0), also at ``config.precision_torch_lengths`` (numba and
+  torch in bfloat16 only: the torch target's shorter lengths);
 - ``backward``: the causal and non-causal backward (``out`` and ``lse`` given) in float32
   and bfloat16 at ``config.precision_backward_length`` (target <= 1.15x);
 - ``decode``: one decode step (:func:`kernels.attention_with_kvcache`, B=1, H=32, Hkv=8,
@@ -82,18 +83,22 @@ def precision_section(config: BenchConfig, threads: int,
     """The precision section's rows (see the module's docstring)."""
     B, H, D = config.batch, config.heads, config.head_size
     rows = []
-    for L in config.precision_lengths:
+    with_torch = TORCH in config.peers and peers.peer_status(TORCH)[0]
+    torch_only = [L for L in config.precision_torch_lengths
+                  if with_torch and L not in config.precision_lengths]
+    for L in sorted(set(config.precision_lengths) | set(torch_only)):
         base = _inputs(B, H, L, D, np.float32)  # the same values in every dtype
+        dtypes = ("bfloat16",) if L in torch_only else PREFILL_DTYPES
         for causal in config.causal:
             progress(f"precision prefill L={L} {'causal' if causal else 'non-causal'}: "
-                     "float32, bfloat16, float16")
+                     + ", ".join(dtypes) + (" (numba and torch)" if L in torch_only else ""))
             flops = attention_flops(B, H, L, L, D, causal=causal)
             calls = {}
-            for name in PREFILL_DTYPES:
+            for name in dtypes:
                 q, k, v = (x.astype(as_dtype(name)) for x in base)
                 calls["numba", name] = (partial(kernels.attention, q, k, v, causal=causal,
                                                 backend="numba"), flops)
-            torch_call = _torch_call(*base, causal) if TORCH in config.peers else None
+            torch_call = _torch_call(*base, causal) if with_torch else None
             if torch_call is not None:
                 calls[TORCH, "bfloat16"] = (torch_call, flops)
             rows += _rows(config, "prefill", L, causal, threads, calls)
