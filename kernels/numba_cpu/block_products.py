@@ -32,7 +32,7 @@ from .products import (
     _vector_loader,
 )
 
-__all__ = ["block_dots", "block_dots_ir", "key_pointers", "lanes_transposed"]
+__all__ = ["block_dots", "block_dots_ir", "indices_ok", "key_pointers", "lanes_transposed"]
 
 
 def lanes_transposed(builder, vectors, nr):
@@ -104,6 +104,13 @@ def key_pointers(context, builder, rows_type, rows, j0, ldb, pb, nk):
     return pointers
 
 
+def indices_ok(rows, offsets) -> bool:
+    """Whether ``rows`` is an integer array and every one of ``offsets`` an integer (the
+    typing of :func:`block_dots` and its bfloat16 pair version)."""
+    return (isinstance(rows, types.Array) and isinstance(rows.dtype, types.Integer)
+            and all(isinstance(n, types.Integer) for n in offsets))
+
+
 def _block_literals(mr, nk, nr):
     """``(mr, nk, nr)`` as ints where they are literals with ``mr·nk`` a power of two
     ``<= nr`` (also a power of two); else None."""
@@ -129,11 +136,8 @@ def block_dots(typingctx, a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, n
     (:func:`lanes_transposed`).  ``mr``, ``nk``, ``nr`` compile-time constants, ``mr·nk``
     a power of two ``<= nr``; ``depth`` a multiple of ``nr``."""
     blocks = _block_literals(mr, nk, nr)
-    if blocks is None or not _operands_ok(a, b, c):
-        return None
-    if not (isinstance(rows, types.Array) and isinstance(rows.dtype, types.Integer)):
-        return None
-    if not all(isinstance(n, types.Integer) for n in (a0, lda, j0, ldb, c0, ldc, depth)):
+    if blocks is None or not _operands_ok(a, b, c) or not indices_ok(
+            rows, (a0, lda, j0, ldb, c0, ldc, depth)):
         return None
     sig = types.void(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, nr)
     return sig, functools.partial(_block_dots_codegen, *blocks)

@@ -43,7 +43,7 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from .._jit.half import is_bfloat16_bits
-from .block_products import _block_literals, block_dots_ir, key_pointers
+from .block_products import _block_literals, block_dots_ir, indices_ok, key_pointers
 from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
 
 __all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_block_dots", "pair_row_dots",
@@ -189,9 +189,7 @@ def pair_block_dots(typingctx, a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, 
         return None
     if not isinstance(c, types.Array) or c.dtype != types.float32:
         return None
-    if not (isinstance(rows, types.Array) and isinstance(rows.dtype, types.Integer)):
-        return None
-    if not all(isinstance(n, types.Integer) for n in (a0, lda, j0, ldb, c0, ldc, depth)):
+    if not indices_ok(rows, (a0, lda, j0, ldb, c0, ldc, depth)):
         return None
     sig = types.void(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, native)
     return sig, functools.partial(_block_dots_codegen, blocks[0], blocks[1], native_)
