@@ -95,10 +95,17 @@ def test_row_dots_are_the_dot_products(dtype, rows, depth):
 @njit  # not cached on disk: an edit of the intrinsics would leave stale code
 def _blocks_and_singles(a, b, rows, depth):
     """Scores of 7 rows against the key rows ``rows`` (8), ldc = 9: blocks of 4 rows x 4
-    keys, 2 x 4, 1 x 4 and 1 x 16 (the first 16 keys' sums of one row: rows repeated), and
-    one row and key at a time (``row_dots``)."""
+    keys, 2 x 4, 1 x 4 and 1 x 16 (the first 16 keys' sums of one row: rows repeated); one
+    key at a time for blocks of 4 rows and 1 (the decode chunk's last keys); and one row and
+    key at a time (``row_dots``)."""
     blocked = np.full(7 * 9, np.nan, dtype=a.dtype)
+    column = np.full(7 * 9, np.nan, dtype=a.dtype)
     single = np.full(7 * 9, np.nan, dtype=a.dtype)
+    for jj in range(8):
+        block_dots(a, 0, depth, b, rows, jj, depth, column, jj, 9, depth, 4, 1, 16)
+        for r in range(4, 7):
+            block_dots(a, r * depth, depth, b, rows, jj, depth, column, r * 9 + jj, 9, depth,
+                       1, 1, 16)
     for j0 in range(0, 8, 4):
         block_dots(a, 0, depth, b, rows, j0, depth, blocked, j0, 9, depth, 4, 4, 16)
         block_dots(a, 4 * depth, depth, b, rows, j0, depth, blocked, 36 + j0, 9, depth, 2, 4,
@@ -112,7 +119,7 @@ def _blocks_and_singles(a, b, rows, depth):
         for r in range(7):
             row_dots(a, r * depth, depth, b, rows[jj] * depth, single, r * 9 + jj, 9, depth,
                      1, 16)
-    return blocked, single, wide
+    return blocked, column, single, wide
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16 keys", "bfloat16 keys"])
@@ -129,8 +136,9 @@ def test_block_dots_are_the_row_dots_bit_for_bit(dtype):
     b = keys.view(np.uint16 if dtype == "bfloat16 keys" else
                   np.int16 if dtype == "float16 keys" else key_dtype).ravel()
     rows = np.array([7, 2, 3, 10, 0, 5, 9, 1])
-    blocked, single, wide = _blocks_and_singles(a, b, rows, depth)
+    blocked, column, single, wide = _blocks_and_singles(a, b, rows, depth)
     assert blocked.tobytes() == single.tobytes()  # the NaN between the rows included
+    assert column.tobytes() == single.tobytes()
     assert wide.tobytes() == np.tile(single[54:62], 2).tobytes()
     exact = a.reshape(7, depth).astype(np.float64) @ keys[rows].astype(np.float64).T
     bound = 2 * depth * np.finfo(a_dtype).eps * (np.abs(a.reshape(7, depth)).astype(np.float64)

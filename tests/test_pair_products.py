@@ -51,11 +51,21 @@ def _dots(a, a0, lda, b, c, depth, mr4, native):
 @njit
 def _block_then_rows(a, lda, b, rows, ldb, depth, native):
     """Scores of 4 query rows against the key rows ``rows`` (8 of them): blocks of 4 rows
-    and 4 keys, of 2 and 4, of 1 and 4, then one key and one row at a time; ldc = 9 (the
-    entries between stay NaN)."""
+    and 4 keys, of 2 and 4, of 1 and 4; one key at a time in blocks of 1, 1 and 2 rows (4
+    in the emulation: the decode chunk's last keys); then one key and one row at a time;
+    ldc = 9 (the entries between stay NaN)."""
     nk = rows.size
     blocked = np.full(4 * 9, np.nan, np.float32)
+    column = np.full(4 * 9, np.nan, np.float32)
     single = np.full(4 * 9, np.nan, np.float32)
+    for jj in range(nk):
+        if native:
+            pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 1, 1, True)
+            pair_block_dots(a, lda, lda, b, rows, jj, ldb, column, 9 + jj, 9, depth, 1, 1, True)
+            pair_block_dots(a, 2 * lda, lda, b, rows, jj, ldb, column, 18 + jj, 9, depth, 2, 1,
+                            True)
+        else:
+            pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 4, 1, False)
     for j0 in range(0, nk, 4):
         if native:
             pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 2, 4, True)
@@ -73,7 +83,7 @@ def _block_then_rows(a, lda, b, rows, ldb, depth, native):
             else:
                 pair_row_dots(a, r * lda, lda, b, rows[jj] * ldb, single, r * 9 + jj, 9,
                               depth, 1, False)
-    return blocked, single
+    return blocked, column, single
 
 
 @njit
@@ -113,9 +123,10 @@ def test_block_dots_are_the_row_dots_bit_for_bit(native, depth):
     a = rng.standard_normal((4, depth)).astype(BF16)
     keys = (rng.standard_normal((11, depth)) * 3).astype(BF16)
     rows = np.array([7, 2, 3, 10, 0, 5, 9, 1])
-    blocked, single = _block_then_rows(_bits(a), depth, _bits(keys), rows, depth, depth,
-                                       native)
+    blocked, column, single = _block_then_rows(_bits(a), depth, _bits(keys), rows, depth,
+                                               depth, native)
     assert blocked.tobytes() == single.tobytes()  # the NaN between the rows included
+    assert column.tobytes() == single.tobytes()
     exact = a.astype(np.float64) @ keys[rows].astype(np.float64).T
     bound = depth * 2.0 ** -24 * (np.abs(a.astype(np.float64))
                                    @ np.abs(keys[rows].astype(np.float64)).T)

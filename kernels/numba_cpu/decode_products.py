@@ -9,9 +9,8 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
 
 - scores: :func:`~kernels.numba_cpu.block_products.block_dots`, ``KB`` key rows at a time
   (address order) for ``MR`` rows, each vector of a query row or key row loaded once per
-  block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys:
-  :func:`~kernels.numba_cpu.products.row_dots`, one key row at a time; the same sums bit
-  for bit either way);
+  block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys one key
+  row at a time; the same sums bit for bit either way);
 - values: :func:`~kernels.numba_cpu.products.tile_product` adds ``P[rows, keys] ·
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
@@ -44,8 +43,8 @@ from .._jit.half import compute_dtype_of, is_bfloat16_bits
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
 from .block_products import block_dots
-from .pair_products import NATIVE, pair_block_dots, pair_row_dots, pair_tile_product
-from .products import row_dots, tile_product
+from .pair_products import NATIVE, pair_block_dots, pair_tile_product
+from .products import tile_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
 NR = 16
@@ -80,21 +79,6 @@ def _operand_scratch_overload(cache, size):
     if is_bfloat16_bits(cache.dtype):
         return lambda cache, size: np.empty(size, dtype=np.uint16)
     return lambda cache, size: np.empty(size, dtype=compute_dtype_of(cache))
-
-
-def _dots(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
-    """:func:`row_dots` (``nr = NR``), or :func:`pair_row_dots` for bfloat16 ``a``."""
-    raise NotImplementedError
-
-
-@overload(_dots, inline="always", prefer_literal=True)
-def _dots_overload(a, a0, lda, b, b0, c, c0, ldc, depth, mr):
-    if is_bfloat16_bits(a.dtype):
-        native = NATIVE
-        return lambda a, a0, lda, b, b0, c, c0, ldc, depth, mr: pair_row_dots(
-            a, a0, lda, b, b0, c, c0, ldc, depth, mr, native)
-    return lambda a, a0, lda, b, b0, c, c0, ldc, depth, mr: row_dots(
-        a, a0, lda, b, b0, c, c0, ldc, depth, mr, NR)
 
 
 def _block(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk):
@@ -150,11 +134,10 @@ def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead
                 _block(qf, r * D, D, keys, rows, j0, D, scores, r * ldc + j0, ldc, D, 1, KB)
             continue
         for jj in range(j0, nk):  # the chunk's last keys, one at a time
-            k0 = rows[jj] * D
             for r in range(0, full, MR):
-                _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, MR)
+                _block(qf, r * D, D, keys, rows, jj, D, scores, r * ldc + jj, ldc, D, MR, 1)
             for r in range(full, R):
-                _dots(qf, r * D, D, keys, k0, scores, r * ldc + jj, ldc, D, 1)
+                _block(qf, r * D, D, keys, rows, jj, D, scores, r * ldc + jj, ldc, D, 1, 1)
     for r in range(R):
         for jj in range(nk):
             scores[r * ldc + jj] *= scale
