@@ -5,14 +5,15 @@ without the memory.
 
 Times, on one thread, the parts of a fully visible chunk (``kernels/numba_cpu/decode.py``)
 looped over ``--keys`` keys of one key/value head that stay in L2: the scores
-(``chunk_scores``, with its prefetches), the values' product (``chunk_values``), the online
-softmax and, for the bfloat16 pair products, the rounding of the weights.  Three ways:
-a float32 cache, a bfloat16 cache widened to float32 in registers (what bfloat16 caches
-took before the pair products), and a bfloat16 cache as pairs
-(``kernels/numba_cpu/pair_products.py``).  Each figure is the median of the timed batches
-of the loop (:func:`attnbench.measure.timing.measure`, warm-up excluded) with its 95%
-interval, in ns per key for ``--rows`` query rows (GQA 32/8 at Lq = 1: 4).  A whole step that reads
-its cache from memory costs more than the sum where the reads do not overlap the
+(``chunk_scores``, with its key rows' prefetches), the values' product (``chunk_values``,
+with its value rows' prefetches), the online softmax and, for the bfloat16 pair
+products, the rounding of the weights.  Three ways: a float32 cache, a bfloat16 cache
+widened to float32 in registers (what bfloat16 caches took before the pair products),
+and a bfloat16 cache as pairs (``kernels/numba_cpu/pair_products.py``).  Each figure is
+the median of the timed batches of the loop (:func:`attnbench.measure.timing.measure`,
+warm-up excluded) with its 95% interval, in ns per key for ``--rows`` query rows (GQA
+32/8 at Lq = 1: 4).  A whole step that reads its cache from memory costs more than the
+sum where the reads do not overlap the
 arithmetic: compare with ``attnbench bench --only decode``.
 """
 
@@ -51,17 +52,19 @@ def _scores(qf, keys, values, n, R, D, reps, scores):
                 rows[jj] = j0 + jj
                 ahead[jj] = (j0 + CHUNK + jj) % n
             chunk_scores(qf, keys, rows, CHUNK, R, D, np.float32(0.125), scores, CHUNK,
-                         values, D, ahead, CHUNK)
+                         ahead, CHUNK)
 
 
 @njit
 def _values(weights, values, n, R, D, reps, acc):
     rows = np.empty(CHUNK, np.int64)
+    ahead = np.empty(CHUNK, np.int64)
     for _ in range(reps):
         for j0 in range(0, n, CHUNK):
             for jj in range(CHUNK):
                 rows[jj] = j0 + jj
-            chunk_values(weights, CHUNK, values, rows, CHUNK, R, D, acc)
+                ahead[jj] = (j0 + CHUNK + jj) % n
+            chunk_values(weights, CHUNK, values, rows, CHUNK, R, D, acc, ahead, CHUNK)
 
 
 @njit

@@ -21,6 +21,7 @@ from numba import njit
 import kernels
 from kernels import mods
 from kernels.numba_cpu.block_products import block_dots
+from kernels.numba_cpu.decode_products import VALUE_RUN_BYTES, chunk_values
 from kernels.numba_cpu.products import row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
@@ -159,3 +160,42 @@ def test_float32_product_path_never_reads_past_the_sequence():
             for kc, vc in ((k_cache, v_cache), (garbage_k, garbage_v))]
     assert outs[0][0].tobytes() == outs[1][0].tobytes()
     assert outs[0][1].tobytes() == outs[1][1].tobytes()
+
+
+@njit
+def _values_whole_and_key_by_key(weights, values, rows, R, Dv, ahead):
+    """``chunk_values`` over the whole chunk (its runs cut every ``VALUE_RUN_BYTES``), and
+    two keys at a time (runs of two: the bfloat16 pair products' own pairs)."""
+    nk = rows.size
+    whole = np.zeros(R * Dv, np.float32)
+    single = np.zeros(R * Dv, np.float32)
+    chunk_values(weights, nk, values, rows, nk, R, Dv, whole, ahead, ahead.size)
+    for jj in range(0, nk, 2):
+        chunk_values(weights[jj:], nk, values, rows[jj:], 2, R, Dv, single, ahead[jj:], 2)
+    return whole, single
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["float32", "bfloat16 pairs"])
+def test_value_runs_cut_for_the_prefetches_keep_the_bits(pairs):
+    """The values' product cuts a page's run of keys every ``VALUE_RUN_BYTES`` (to prefetch
+    the next value rows between runs) at an even number of keys: the same additions in the
+    same order as two keys at a time (the pairs of the bfloat16 products), so the same bits;
+    prefetches of rows past the cache's end are hints, never faults."""
+    rng = np.random.default_rng(4)
+    R, Dv, nk = 5, 80, 64
+    values = rng.standard_normal((70, Dv)).astype(np.float32)
+    weights = rng.random((R, nk)).astype(np.float32)
+    if pairs:  # bfloat16 bits of both operands, as the kernel gives them
+        values = values.astype(ml_dtypes.bfloat16).astype(np.float32)
+        weights = weights.astype(ml_dtypes.bfloat16).astype(np.float32)
+    rows = np.concatenate([np.arange(3, 43), np.arange(45, 69)])  # runs of 40 and 24 keys
+    assert 40 * Dv * (2 if pairs else 4) > VALUE_RUN_BYTES  # the first run is cut
+    ahead = np.arange(70, 70 + nk)  # past the end of the cache
+    operands = [x.astype(ml_dtypes.bfloat16).view(np.uint16) if pairs else x
+                for x in (weights, values)]
+    whole, single = _values_whole_and_key_by_key(operands[0].ravel(), operands[1].ravel(),
+                                                 rows, R, Dv, ahead)
+    assert whole.tobytes() == single.tobytes()
+    exact = weights.astype(np.float64) @ values[rows].astype(np.float64)
+    bound = 2 * nk * np.finfo(np.float32).eps * (weights @ np.abs(values[rows]))
+    assert np.all(np.abs(whole.reshape(R, Dv) - exact) <= bound)

@@ -11,7 +11,7 @@ where a decode step stops being bound by memory.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -19,6 +19,29 @@ from . import cache  # noqa: F401  (before any cached function: see that module)
 
 #: Bytes of a cache line (x86-64 and the ARM cores Numba targets).
 CACHE_LINE = 64
+
+
+def _prefetch_line(builder, address):
+    """``llvm.prefetch`` of the line holding ``address`` (an ``i8*``): for reading, into L2
+    and the levels below it, not L1."""
+    i32 = ir.IntType(32)
+    hint = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]),
+        "llvm.prefetch.p0")
+    # (address, read, locality 2, data cache): into L2 (x86 prefetcht1), not L1.  A
+    # chunk prefetched ahead (64 keys of K and V: 32-64 KiB) does not fit L1 beside the
+    # rows in use, and into L1 (locality 3) it evicted them: the decode step on the
+    # 2-core Zen 4 VM, B=1 H=32 Hkv=8 cache 32768, took 14.5 ms (float32) and 8.9 ms
+    # (bfloat16) with L1 prefetches, 11.7 and 6.9 ms with these (docs/guide/decode.md).
+    builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 2),
+                        ir.Constant(i32, 1)])
+
+
+def _element_address(context, builder, array_type, array, offset, offset_type):
+    """``i8*`` to flat element ``offset`` of ``array``'s data (no bounds check)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    index = context.cast(builder, offset, offset_type, types.int64)
+    return builder.bitcast(builder.gep(data, [index]), ir.IntType(8).as_pointer())
 
 
 @intrinsic
@@ -29,30 +52,48 @@ def _prefetch_element(typingctx, arr, offset):
         return None
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        index = context.cast(builder, args[1], signature.args[1], types.int64)
-        byte_ptr = ir.IntType(8).as_pointer()
-        address = builder.bitcast(builder.gep(data, [index]), byte_ptr)
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        # (address, read, locality 2, data cache): into L2 (x86 prefetcht1), not L1.  A
-        # chunk prefetched ahead (64 keys of K and V: 32-64 KiB) does not fit L1 beside the
-        # rows in use, and into L1 (locality 3) it evicted them: the decode step on the
-        # 2-core Zen 4 VM, B=1 H=32 Hkv=8 cache 32768, took 14.5 ms (float32) and 8.9 ms
-        # (bfloat16) with L1 prefetches, 11.7 and 6.9 ms with these (docs/guide/decode.md).
-        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 2),
-                            ir.Constant(i32, 1)])
+        _prefetch_line(builder, _element_address(context, builder, signature.args[0],
+                                                 args[0], args[1], signature.args[1]))
         return context.get_dummy_value()
 
     return types.void(arr, offset), codegen
 
 
-@njit(cache=True, inline="always")
-def prefetch_rows(arr, first, count, row_size):
-    """Prefetch ``count`` consecutive rows of ``row_size`` elements of C-contiguous ``arr``,
-    starting at flat element ``first`` (one hint per cache line)."""
-    step = max(1, CACHE_LINE // arr.itemsize)
-    for offset in range(first, first + count * row_size, step):
-        _prefetch_element(arr, offset)
+@intrinsic
+def prefetch_rows(typingctx, arr, first, count, row_size):
+    """``prefetch_rows(arr, first, count, row_size)``: prefetch ``count`` consecutive rows
+    of ``row_size`` elements of C-contiguous ``arr``, starting at flat element ``first``,
+    one hint per cache line (into L2).
+
+    An intrinsic, not an ``@njit`` function: the jitted helper it replaces cost, per call
+    (twice per key in the decode kernel), a reference count increment and decrement of the
+    array (calls into Numba's runtime, atomic) and two integer divisions (the line step
+    from the item size, read at run time, and the trip count).  Here the step is a
+    constant of the array's type and the loop counts bytes.  2026-12-06, Zen 4 VM, one
+    thread: the decode scores with their prefetches, keys in L2, 25-26 ns per key against
+    33-34 with the helper.  From memory the cheaper helper alone was *slower* while a
+    chunk's prefetches all went out during its scores (a one-thread scores and values loop
+    over 128 MiB: 58-68 against 53-58 ns per key: issued back to back, they held the
+    memory system while the scores waited for their own rows); with the key rows'
+    prefetches in the scores and the value rows' in the values' product
+    (:mod:`kernels.numba_cpu.decode_products`) the two were alike (``scripts/decode_ab.py``:
+    float32 0.84-0.89 and 0.80-0.87 of the old step, bfloat16 0.99 and 1.03)."""
+    if not isinstance(arr, types.Array) or not all(
+            isinstance(x, types.Integer) for x in (first, count, row_size)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        array_type = signature.args[0]
+        itemsize = context.get_abi_sizeof(context.get_value_type(array_type.dtype))
+        start = _element_address(context, builder, array_type, args[0], args[1],
+                                 signature.args[1])
+        count_, size_ = (context.cast(builder, args[i], signature.args[i], types.int64)
+                         for i in (2, 3))
+        nbytes = builder.mul(builder.mul(count_, size_), ir.Constant(i64, itemsize))
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), nbytes,
+                                     ir.Constant(i64, CACHE_LINE), intp=i64) as (offset, _):
+            _prefetch_line(builder, builder.gep(start, [offset]))
+        return context.get_dummy_value()
+
+    return types.void(arr, first, count, row_size), codegen

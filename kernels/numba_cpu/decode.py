@@ -222,8 +222,9 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
             if mask_fn is None and (not causal or j1 - 1 <= q_start[b]):
                 if products:
                     _row_indices(row_page, row_slot, nk, Hkv, hk, ps, rows)
-                    # The rows taken next, prefetched with the scores: the next head's of
-                    # this chunk, or after the last head the first head's of the next chunk.
+                    # The rows taken next, prefetched with the products (key rows with the
+                    # scores, value rows with the values'): the next head's of this chunk, or
+                    # after the last head the first head's of the next chunk.
                     if t + 1 < T:
                         _row_indices(row_page, row_slot, nk, Hkv, hk + 1, ps, ahead)
                         n_next = nk
@@ -231,11 +232,11 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
                         _row_indices(next_page, next_slot, n_ahead, Hkv, hk_lo, ps, ahead)
                         n_next = n_ahead
                     if pairs:
-                        chunk_scores(q_pairs[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
-                                     ahead, n_next)
+                        chunk_scores(q_pairs[t], kf, rows, nk, R, D, scale, sf, CHUNK, ahead,
+                                     n_next)
                     else:
-                        chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, vf, Dv,
-                                     ahead, n_next)
+                        chunk_scores(q_all[t], kf, rows, nk, R, D, scale, sf, CHUNK, ahead,
+                                     n_next)
                 else:
                     _scores_visible(qs, k_cache, hk, row_page, row_slot, nk, scale, scores)
                 if score_fn is not None:
@@ -247,9 +248,10 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
                 _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf)
                 if pairs:
                     round_weights(sf, CHUNK, R, nk, w_pairs)
-                    chunk_values(w_pairs, CHUNK, vf, rows, nk, R, Dv, acc_all[t])
+                    chunk_values(w_pairs, CHUNK, vf, rows, nk, R, Dv, acc_all[t], ahead,
+                                 n_next)
                 elif products:
-                    chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, acc_all[t])
+                    chunk_values(sf, CHUNK, vf, rows, nk, R, Dv, acc_all[t], ahead, n_next)
                 else:
                     _values_visible(scores, v_cache, hk, row_page, row_slot, nk, acc)
             else:

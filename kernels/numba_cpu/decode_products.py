@@ -15,10 +15,16 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
   blocks of ``NR``;
-- while it takes the scores of one chunk, the key and value rows taken next (the next
-  chunk's, or the next head's when the decode task reads several heads) start
-  loading (:func:`kernels._jit.prefetch.prefetch_rows`, one key at a time): the hardware
-  prefetchers start again at every page of a paged cache, and at every change of stream.
+- the rows taken next (the next chunk's, or the next head's when the decode task reads
+  several heads) start loading ahead of use (:func:`kernels._jit.prefetch.prefetch_rows`):
+  their key rows while the scores are taken, four keys at a time, and their value rows
+  while the values' product runs, 4 KiB of them at a time, so that the requests go
+  out through the whole chunk's arithmetic.  The hardware prefetchers start again at every
+  page of a paged cache and at every change of stream, and fall behind where the
+  arithmetic per byte is high (GQA).  All of a chunk's requests issued during the scores
+  (as before 2026-12-06 night) kept the memory busy there and idle during the values'
+  product: on the 2-core Zen 4 VM a step took about the sum of its reads and its
+  arithmetic (docs/guide/decode.md).
 
 Rows are given as row indices into the flat cache (``(page · Hkv + hk) · page_size +
 slot``): key row i starts at element ``i · D``, value row i at ``i · Dv``.  Half caches
@@ -54,6 +60,10 @@ MR = 4
 KB = NR // MR
 #: Value columns per register block of the values' product (MR x NV: 16 zmm of float32).
 NV = 64
+#: Bytes of value rows per run of the values' product at most (8 keys of float32 at
+#: Dv = 128, 16 of bfloat16): before each run, the value rows of as many keys taken next
+#: are prefetched (a run of a page's consecutive keys is cut there).
+VALUE_RUN_BYTES = 4096
 
 
 def pair_operands(cache):
@@ -113,16 +123,15 @@ def _weighted_overload(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, values, Dv, ahead, n_ahead):
+def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, ahead, n_ahead):
     """``scores[r·ldc + jj] = scale · q_r · k_jj`` for every row and key of a chunk: ``qf``
     the R x D queries (compute dtype, or bfloat16 bits: pairs), key jj is row ``rows[jj]``
-    of ``keys``.  With key jj it prefetches key and value row ``ahead[jj]`` (``jj <
-    n_ahead``: the rows taken next)."""
+    of ``keys``.  With key jj it prefetches key row ``ahead[jj]`` (``jj < n_ahead``: the
+    rows taken next; :func:`chunk_values` prefetches their value rows)."""
     full = R - R % MR
     for j0 in range(0, max(nk, n_ahead), KB):
         for jj in range(j0, min(j0 + KB, n_ahead)):
             prefetch_rows(keys, ahead[jj] * D, 1, D)
-            prefetch_rows(values, ahead[jj] * Dv, 1, Dv)
         if j0 + KB <= nk:  # KB keys for every row: blocks of MR rows, then 2, then 1
             for r in range(0, full, MR):
                 _block(qf, r * D, D, keys, rows, j0, D, scores, r * ldc + j0, ldc, D, MR, KB)
@@ -157,23 +166,32 @@ def _run_product(weights, w0, ldw, values, v0, Dv, acc, c0, run, R, nv):
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc):
+def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
     """``acc[r·Dv:(r+1)·Dv] += Σ_jj weights[r·ldw + jj] · v_jj`` (value jj is row
     ``rows[jj]`` of ``values``; weights in the compute dtype, or bfloat16 bits: pairs), one
-    product per block of rows and columns and per run of keys in consecutive rows (a
-    page's keys)."""
+    product per block of rows and columns and per run of keys in consecutive rows (of a
+    page), ``VALUE_RUN_BYTES`` of value rows at most.  Before the run of keys ``jj ..``, it
+    prefetches value rows ``ahead[jj ..]`` (those ``< n_ahead``: the rows taken next) for
+    as many keys; the ones past ``nk`` at the end."""
     wide = Dv - Dv % NV  # columns in blocks of NV, the rest in blocks of NR
+    # an even number of keys: the bfloat16 pair products take a run's keys two by two
+    # from its start, so cuts at even offsets keep the pairs (and the bits) of the uncut run
+    longest = max(2, VALUE_RUN_BYTES // (Dv * values.itemsize) // 2 * 2)
     jj = 0
     while jj < nk:
         run = 1
-        while jj + run < nk and rows[jj + run] == rows[jj] + run:
+        while run < longest and jj + run < nk and rows[jj + run] == rows[jj] + run:
             run += 1
+        for ja in range(jj, min(jj + run, n_ahead)):
+            prefetch_rows(values, ahead[ja] * Dv, 1, Dv)
         v0 = rows[jj] * Dv
         for c0 in range(0, wide, NV):
             _run_product(weights, jj, ldw, values, v0 + c0, Dv, acc, c0, run, R, NV)
         for c0 in range(wide, Dv, NR):
             _run_product(weights, jj, ldw, values, v0 + c0, Dv, acc, c0, run, R, NR)
         jj += run
+    for ja in range(nk, n_ahead):  # more keys taken next than this chunk has
+        prefetch_rows(values, ahead[ja] * Dv, 1, Dv)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
