@@ -73,11 +73,14 @@ def prefetch_rows(typingctx, arr, first, count, row_size):
     thread: the decode scores with their prefetches, keys in L2, 25-26 ns per key against
     33-34 with the helper.  From memory the cheaper helper alone was *slower* while a
     chunk's prefetches all went out during its scores (a one-thread scores and values loop
-    over 128 MiB: 58-68 against 53-58 ns per key: issued back to back, they held the
-    memory system while the scores waited for their own rows); with the key rows'
-    prefetches in the scores and the value rows' in the values' product
-    (:mod:`kernels.numba_cpu.decode_products`) the two were alike (``scripts/decode_ab.py``:
-    float32 0.84-0.89 and 0.80-0.87 of the old step, bfloat16 0.99 and 1.03)."""
+    over 128 MiB: 57-71 against 53-59 ns per key, five interleaved runs; a guess, as this
+    VM has no hardware counters: issued back to back they fill the core's miss buffers
+    while the scores wait for their own rows, and an integer delay loop between them
+    brought the time back to the helper's); with
+    the key rows' prefetches in the scores and the value rows' in the values' product
+    (:mod:`kernels.numba_cpu.decode_products`, runs of 4 KiB) the two were alike
+    (``scripts/decode_ab.py``: float32 0.84-0.89 and 0.80-0.87 of the old step, bfloat16
+    0.99 and 1.03)."""
     if not isinstance(arr, types.Array) or not all(
             isinstance(x, types.Integer) for x in (first, count, row_size)):
         return None
