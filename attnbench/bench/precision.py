@@ -47,10 +47,8 @@ BACKWARD_DTYPES = ("float32", "bfloat16")
 TORCH = "torch"
 
 
-def _torch_call(q, k, v, causal: bool) -> Callable[[], object] | None:
-    """torch's CPU SDPA on bfloat16 copies of q, k, v (None where torch is missing)."""
-    if not peers.peer_status(TORCH)[0]:
-        return None
+def _torch_call(q, k, v, causal: bool) -> Callable[[], object]:
+    """torch's CPU SDPA on bfloat16 copies of q, k, v (the caller checks torch is there)."""
     import torch
 
     tensors = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
@@ -98,9 +96,8 @@ def precision_section(config: BenchConfig, threads: int,
                 q, k, v = (x.astype(as_dtype(name)) for x in base)
                 calls["numba", name] = (partial(kernels.attention, q, k, v, causal=causal,
                                                 backend="numba"), flops)
-            torch_call = _torch_call(*base, causal) if with_torch else None
-            if torch_call is not None:
-                calls[TORCH, "bfloat16"] = (torch_call, flops)
+            if with_torch:
+                calls[TORCH, "bfloat16"] = (_torch_call(*base, causal), flops)
             rows += _rows(config, "prefill", L, causal, threads, calls)
     L = config.precision_backward_length
     base = _inputs(B, H, L, D, np.float32)

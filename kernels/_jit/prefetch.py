@@ -45,21 +45,6 @@ def _element_address(context, builder, array_type, array, offset, offset_type):
 
 
 @intrinsic
-def _prefetch_element(typingctx, arr, offset):
-    """Prefetch for reading, into L2 (and the levels below it), the line holding flat
-    element ``offset`` of ``arr``'s data."""
-    if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        _prefetch_line(builder, _element_address(context, builder, signature.args[0],
-                                                 args[0], args[1], signature.args[1]))
-        return context.get_dummy_value()
-
-    return types.void(arr, offset), codegen
-
-
-@intrinsic
 def prefetch_rows(typingctx, arr, first, count, row_size):
     """``prefetch_rows(arr, first, count, row_size)``: prefetch ``count`` consecutive rows
     of ``row_size`` elements of C-contiguous ``arr``, starting at flat element ``first``,
