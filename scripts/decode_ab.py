@@ -4,9 +4,10 @@ beside the read-bandwidth probe: decode's targets (docs/guide/decode.md) for bot
     python scripts/decode_ab.py --old 629b084 [--rounds 15] [--threads 2] [--quick]
 
 The old kernel's files (``kernels/numba_cpu/decode.py``, ``decode_products.py``,
-``kernels/_jit/half.py`` and ``kernels/_jit/prefetch.py``, where the old commit has them)
-are taken from git (``git show OLD:...``), written beside today's as ``_ab_old_*.py``
-with their imports of each other renamed (removed at the end), and run through the same
+``pair_products.py``, ``kernels/_jit/half.py`` and ``kernels/_jit/prefetch.py``, where the
+old commit has them) are taken from git (``git show OLD:...``), written beside today's as
+``_ab_old_*.py`` with their imports of each other renamed (removed at the end), and run
+through the same
 :class:`kernels._decode_problem.DecodeProblem`; the rest of ``kernels`` is today's.
 Every call of every case is timed in the same interleaved rounds
 (``attnbench.measure.timing.interleaved``, a pause after each call); the table gives
@@ -41,6 +42,7 @@ from kernels.numba_cpu import decode as new_decode  # noqa: E402
 #: The old kernel's files (each where the old commit has it) and how the others import it.
 OLD_FILES = {"kernels/numba_cpu/decode.py": None,
              "kernels/numba_cpu/decode_products.py": ".decode_products",
+             "kernels/numba_cpu/pair_products.py": ".pair_products",
              "kernels/_jit/half.py": ".._jit.half",
              "kernels/_jit/prefetch.py": ".._jit.prefetch"}
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from attnbench.bench.config import QUICK
-from attnbench.bench.decode import PROBE, decode_targets
+from attnbench.bench.decode import PROBE, PROBE_ALL, PROBE_ONE, decode_targets
 from attnbench.bench.run import run_bench
 from attnbench.bench.targets import targets_table
 from attnbench.measure.bandwidth import bandwidth_record, read_bandwidth_gbs
@@ -34,7 +34,8 @@ def test_decode_section_rows_and_targets(monkeypatch):
     assert f"bandwidth: {PROBE}" in set(decode["variant"])
     assert {"splits: num_splits=0", "splits: num_splits=1", "gqa: H=32 Hkv=8",
             "gqa: H=8 Hkv=8", "paged: contiguous", "paged: page 16",
-            "paged: page 256"} <= set(decode["variant"])
+            "paged: page 256", f"splits: {PROBE_ONE}", f"splits: {PROBE_ALL}"} <= set(
+                decode["variant"])
     ok = decode[decode["status"] == "ok"]
     assert (ok["median_ms"] > 0).all() and ok["samples_ms"].str.split().map(len).min() >= 6
     b1 = ok[ok["variant"] == "bandwidth: B=1 H=32 Hkv=8 L=512"].iloc[0]
@@ -46,6 +47,8 @@ def test_decode_section_rows_and_targets(monkeypatch):
     for _, row in targets[targets["target"].str.startswith(("decode read", "paged"))].iterrows():
         assert row["met"] in (True, False, "inconclusive"), row
         assert "[" in row["measured"]  # an interval
+    split = targets[targets["target"] == "num_splits=0 speed-up over 1"].iloc[0]
+    assert "the probe on the run's threads over one thread: " in split["note"]  # its bound
 
 
 def test_targets_without_rows_say_so():

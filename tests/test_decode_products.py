@@ -164,8 +164,8 @@ def test_float32_product_path_never_reads_past_the_sequence():
 
 @njit
 def _values_whole_and_key_by_key(weights, values, rows, R, Dv, ahead):
-    """``chunk_values`` over the whole chunk (its runs cut every ``VALUE_RUN_BYTES``), and
-    two keys at a time (runs of two: the bfloat16 pair products' own pairs)."""
+    """``chunk_values`` over the whole chunk, and two keys at a time (the bfloat16 pair
+    products' own pairs)."""
     nk = rows.size
     whole = np.zeros(R * Dv, np.float32)
     single = np.zeros(R * Dv, np.float32)
@@ -176,11 +176,13 @@ def _values_whole_and_key_by_key(weights, values, rows, R, Dv, ahead):
 
 
 @pytest.mark.parametrize("pairs", [False, True], ids=["float32", "bfloat16 pairs"])
-def test_value_runs_cut_for_the_prefetches_keep_the_bits(pairs):
-    """The values' product cuts a page's run of keys every ``VALUE_RUN_BYTES`` (to prefetch
-    the next value rows between runs) at an even number of keys: the same additions in the
-    same order as two keys at a time (the pairs of the bfloat16 products), so the same bits;
-    prefetches of rows past the cache's end are hints, never faults."""
+def test_values_product_bits_do_not_depend_on_the_pages(pairs):
+    """The values' product of a chunk whose keys lie on pages of odd lengths (runs of 39
+    and 25 rows) gives the bits of the same product two keys at a time: float32 cuts a
+    page's run every ``VALUE_RUN_BYTES`` (to prefetch the next value rows between runs)
+    and adds each key in order whatever the cuts; the bfloat16 pairs take the keys two by
+    two from the chunk's first, across pages.  Prefetches of rows past the cache's end are
+    hints, never faults."""
     rng = np.random.default_rng(4)
     R, Dv, nk = 5, 80, 64
     values = rng.standard_normal((70, Dv)).astype(np.float32)
@@ -188,8 +190,8 @@ def test_value_runs_cut_for_the_prefetches_keep_the_bits(pairs):
     if pairs:  # bfloat16 bits of both operands, as the kernel gives them
         values = values.astype(ml_dtypes.bfloat16).astype(np.float32)
         weights = weights.astype(ml_dtypes.bfloat16).astype(np.float32)
-    rows = np.concatenate([np.arange(3, 43), np.arange(45, 69)])  # runs of 40 and 24 keys
-    assert 40 * Dv * (2 if pairs else 4) > VALUE_RUN_BYTES  # the first run is cut
+    rows = np.concatenate([np.arange(3, 42), np.arange(45, 70)])  # runs of 39 and 25 keys
+    assert 39 * Dv * 4 > VALUE_RUN_BYTES  # float32: the first run is cut
     ahead = np.arange(70, 70 + nk)  # past the end of the cache
     operands = [x.astype(ml_dtypes.bfloat16).view(np.uint16) if pairs else x
                 for x in (weights, values)]

@@ -4,8 +4,8 @@ Both products against NumPy in float64 (the products of two bfloat16 are exact i
 so the error is the float32 sums' alone), in both forms: the ``vdpbf16ps`` instruction
 where this machine has it and the two fused multiply-adds that stand in for it elsewhere,
 which must agree bit for bit on normal numbers (Intel defines the instruction as the odd
-pair's product added, rounded, then the even pair's). Odd runs of keys pair the last key
-with zeros, never with the row after it (NaN planted there). The weights' rounding against
+pair's product added, rounded, then the even pair's). An odd chunk of keys pairs its last key
+with zeros, never with a row it does not list (NaN planted there). The weights' rounding against
 ml_dtypes'. The decode step on the pair path: tests/test_decode_products.py (D = 32) and
 the head sizes of real models below.
 """
@@ -22,7 +22,7 @@ from kernels.numba_cpu.pair_products import (
     NATIVE,
     pair_block_dots,
     pair_row_dots,
-    pair_tile_product,
+    pair_rows_product,
 )
 
 from .test_decode import _check_against_oracle, _decode_case
@@ -87,12 +87,21 @@ def _block_then_rows(a, lda, b, rows, ldb, depth, native):
 
 
 @njit
-def _tile(w, w0, ldw, b, ldb, c, ldc, run, native):
-    """4 rows x 48 columns (three vectors of 16) of ``c += w · b``."""
-    if native:
-        pair_tile_product(w, w0, ldw, b, 0, ldb, c, 0, ldc, run, 4, 48, True)
+def _rows(w, w0, ldw, b, rows, ldb, c, ldc, ahead, native, wide):
+    """4 rows x 48 columns (a block of 32, 16 left over), or 64 (two blocks of 32), of
+    ``c += w · b[rows]``; columns from 8 on (``col0 = 8``), every row ahead prefetched."""
+    nk = rows.size
+    if wide:
+        if native:
+            pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 64,
+                              True)
+        else:
+            pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 64,
+                              False)
+    elif native:
+        pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 48, True)
     else:
-        pair_tile_product(w, w0, ldw, b, 0, ldb, c, 0, ldc, run, 4, 48, False)
+        pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 48, False)
 
 
 def _bits(x):
@@ -134,20 +143,30 @@ def test_block_dots_are_the_row_dots_bit_for_bit(native, depth):
 
 
 @pytest.mark.parametrize("native", FORMS)
-@pytest.mark.parametrize("run", [1, 2, 5, 17, 64])
-def test_tile_product_matches_numpy_and_never_reads_past_the_run(native, run):
-    rng = np.random.default_rng(run)
+@pytest.mark.parametrize("nk", [1, 2, 5, 17, 64])
+@pytest.mark.parametrize("ncols", [48, 64])
+def test_rows_product_matches_numpy_and_reads_only_its_rows(native, nk, ncols):
+    """Value rows by index (shuffled, as a paged cache's), columns from 8 on, the
+    accumulators of each 32 columns in the unpacks' order inside and natural outside; an
+    odd chunk's last key paired with zeros: NaN in every row the chunk does not list and
+    in the columns outside the block never reaches ``c``; the rows ahead lie past the
+    array's end (prefetches are hints)."""
+    rng = np.random.default_rng(nk * ncols)
     w = rng.random((4, 70)).astype(BF16)
     w0 = 3  # an odd start: weight pairs loaded from 2-byte aligned addresses
-    values = rng.standard_normal((run + 1, 48)).astype(BF16)
-    values[run] = np.nan  # the row after the run: an odd run's last key pairs with zeros
-    c = rng.standard_normal((4, 48)).astype(np.float32)
-    expected = c + w[:, w0:w0 + run].astype(np.float64) @ values[:run].astype(np.float64)
-    _tile(_bits(w), w0, 70, _bits(values), 48, c.reshape(-1), 48, run, native)
+    ldb = ncols + 16
+    values = np.full((80, ldb), np.nan, dtype=BF16)
+    rows = rng.permutation(80)[:nk]
+    values[rows, 8:8 + ncols] = rng.standard_normal((nk, ncols)).astype(BF16)
+    c = rng.standard_normal((4, ncols)).astype(np.float32)
+    w64, v64 = w[:, w0:w0 + nk].astype(np.float64), values[rows, 8:8 + ncols].astype(np.float64)
+    expected = c + w64 @ v64
+    ahead = np.arange(10_000, 10_000 + nk)
+    _rows(_bits(w), w0, 70, _bits(values), rows, ldb, c.reshape(-1), ncols, ahead, native,
+          ncols == 64)
     assert not np.isnan(c).any()
-    w64, v64 = w[:, w0:w0 + run].astype(np.float64), values[:run].astype(np.float64)
     magnitude = np.abs(w64) @ np.abs(v64)
-    assert np.all(np.abs(c - expected) <= (run + 1) * 2.0 ** -24 * (magnitude + 4))
+    assert np.all(np.abs(c - expected) <= (nk + 1) * 2.0 ** -24 * (magnitude + 4))
 
 
 @pytest.mark.skipif(not NATIVE, reason="this machine (or its LLVM) has no vdpbf16ps")
@@ -160,10 +179,12 @@ def test_instruction_and_emulation_agree_bit_for_bit():
         _dots(_bits(a), 0, 128, _bits(b), c, 128, True, native)
     assert dots[0].tobytes() == dots[1].tobytes()
     w = rng.random((4, 64)).astype(BF16)
-    values = rng.standard_normal((63, 48)).astype(BF16)
+    values = rng.standard_normal((63, 56)).astype(BF16)
+    rows = np.arange(63)
     tiles = [np.zeros((4, 48), np.float32), np.zeros((4, 48), np.float32)]
     for native, c in zip((False, True), tiles, strict=True):
-        _tile(_bits(w), 0, 64, _bits(values), 48, c.reshape(-1), 48, 63, native)
+        _rows(_bits(w), 0, 64, _bits(values), rows, 56, c.reshape(-1), 48, rows, native,
+              False)
     assert tiles[0].tobytes() == tiles[1].tobytes()
 
 

@@ -21,9 +21,10 @@ from . import cache  # noqa: F401  (before any cached function: see that module)
 CACHE_LINE = 64
 
 
-def _prefetch_line(builder, address):
-    """``llvm.prefetch`` of the line holding ``address`` (an ``i8*``): for reading, into L2
-    and the levels below it, not L1."""
+def prefetch_line(builder, address):
+    """LLVM IR: ``llvm.prefetch`` of the line holding ``address`` (an ``i8*``), for
+    reading, into L2 and the levels below it, not L1 (the intrinsics that prefetch inside
+    their own loops call it too)."""
     i32 = ir.IntType(32)
     hint = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]),
@@ -81,7 +82,7 @@ def prefetch_rows(typingctx, arr, first, count, row_size):
         nbytes = builder.mul(builder.mul(count_, size_), ir.Constant(i64, itemsize))
         with cgutils.for_range_slice(builder, ir.Constant(i64, 0), nbytes,
                                      ir.Constant(i64, CACHE_LINE), intp=i64) as (offset, _):
-            _prefetch_line(builder, builder.gep(start, [offset]))
+            prefetch_line(builder, builder.gep(start, [offset]))
         return context.get_dummy_value()
 
     return types.void(arr, first, count, row_size), codegen

@@ -11,20 +11,21 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
   (address order) for ``MR`` rows, each vector of a query row or key row loaded once per
   block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys one key
   row at a time; the same sums bit for bit either way);
-- values: :func:`~kernels.numba_cpu.products.tile_product` adds ``P[rows, keys] ·
+- values (weights in the compute dtype): :func:`~kernels.numba_cpu.products.tile_product`
+  adds ``P[rows, keys] ·
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
   blocks of ``NR``;
 - the rows taken next (the next chunk's, or the next head's when the decode task reads
   several heads) start loading ahead of use (:func:`kernels._jit.prefetch.prefetch_rows`):
   their key rows while the scores are taken, four keys at a time, and their value rows
-  while the values' product runs, 2 KiB of them at a time, so that the requests go
-  out through the whole chunk's arithmetic.  The hardware prefetchers start again at every
-  page of a paged cache and at every change of stream, and fall behind where the
-  arithmetic per byte is high (GQA).  All of a chunk's requests issued during the scores
-  (as before 2026-12-06 night) kept the memory busy there and idle during the values'
-  product: on the 2-core Zen 4 VM a step took about the sum of its reads and its
-  arithmetic (docs/guide/decode.md).
+  while the values' product runs, 2 KiB of them at a time (the bfloat16 pairs: a pair of
+  keys at a time), so that the requests go out through the whole chunk's arithmetic.
+  The hardware prefetchers start again at every page of a paged cache and at every
+  change of stream, and fall behind where the arithmetic per byte is high (GQA).  All of
+  a chunk's requests issued during the scores (as before 2026-12-06 night) kept the
+  memory busy there and idle during the values' product: on the 2-core Zen 4 VM a step
+  took about the sum of its reads and its arithmetic (docs/guide/decode.md).
 
 Rows are given as row indices into the flat cache (``(page · Hkv + hk) · page_size +
 slot``): key row i starts at element ``i · D``, value row i at ``i · Dv``.  Half caches
@@ -33,6 +34,13 @@ cache (with D a multiple of 32) takes both products as bfloat16 pairs instead
 (:mod:`kernels.numba_cpu.pair_products`: two products per lane and step, half the
 arithmetic): the queries as their bfloat16 bits, the softmax weights rounded to bfloat16
 for the values' product (as FlashAttention does; the row sums keep the float32 weights).
+Its values' product is one call per block of rows and columns for the whole chunk
+(:func:`~kernels.numba_cpu.pair_products.pair_rows_product`), its value rows given by
+index whatever the pages, its prefetches of the next value rows sent a pair of keys at a
+time inside it: 0.81-0.87 of the time of a bfloat16 step with runs cut every 2 KiB
+(``scripts/decode_ab.py``, 2026-12-07).  The same for float32 (an intrinsic taking value
+rows by index, the prefetch inside it) was no faster from memory (0.96-1.05 of the step;
+1.06-1.14 for one query row per key/value head): float32 keeps its runs.
 The operands' dtype chooses the product (:func:`pair_operands`).  Used for
 float32 and half caches where D and Dv are multiples of ``NR`` (64, 128, 256: every
 model's head size); other sizes and float64 caches keep the plain loops of
@@ -42,14 +50,14 @@ model's head size); other sizes and float64 caches keep the plain loops of
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from .._jit.half import compute_dtype_of, is_bfloat16_bits
 from .._jit.math import FASTMATH
 from .._jit.prefetch import prefetch_rows
 from .block_products import block_dots
-from .pair_products import NATIVE, pair_block_dots, pair_tile_product
+from .pair_products import NATIVE, pair_block_dots, pair_rows_product
 from .products import tile_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
@@ -60,10 +68,11 @@ MR = 4
 KB = NR // MR
 #: Value columns per register block of the values' product (MR x NV: 16 zmm of float32).
 NV = 64
-#: Bytes of value rows per run of the values' product at most (4 keys of float32 at
-#: Dv = 128, 8 of bfloat16): before each run, the value rows of as many keys taken next
-#: are prefetched (a run of a page's consecutive keys is cut there).  Against 4096:
-#: float32 steps 0.92-0.96 of the time, bfloat16 1.04 [0.97, 1.11] (decode_ab.py, Zen 4 VM).
+#: Bytes of value rows per run of the values' product at most, for weights in the compute
+#: dtype (4 keys of float32 at Dv = 128): before each run, the value rows of as many keys
+#: taken next are prefetched (a run of a page's consecutive keys is cut there).  Against
+#: 4096: float32 steps 0.92-0.96 of the time (decode_ab.py, Zen 4 VM).  Not the bfloat16
+#: pairs' (:func:`chunk_values`).
 VALUE_RUN_BYTES = 2048
 
 
@@ -107,22 +116,6 @@ def _block_overload(a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk):
         a, a0, lda, b, rows, j0, ldb, c, c0, ldc, depth, mr, nk, NR)
 
 
-def _weighted(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
-    """:func:`tile_product` (accumulating), or :func:`pair_tile_product` for bfloat16
-    weights ``w``."""
-    raise NotImplementedError
-
-
-@overload(_weighted, inline="always", prefer_literal=True)
-def _weighted_overload(w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols):
-    if is_bfloat16_bits(w.dtype):
-        native = NATIVE
-        return lambda w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols: pair_tile_product(
-            w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols, native)
-    return lambda w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols: tile_product(
-        w, w0, ldw, b, b0, ldb, c, c0, ldc, run, mr, ncols, True)
-
-
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def chunk_scores(qf, keys, rows, nk, R, D, scale, scores, ldc, ahead, n_ahead):
     """``scores[r·ldc + jj] = scale · q_r · k_jj`` for every row and key of a chunk: ``qf``
@@ -159,25 +152,50 @@ def _run_product(weights, w0, ldw, values, v0, Dv, acc, c0, run, R, nv):
     for every row r < R and t < run: blocks of MR rows, then one row at a time."""
     full = R - R % MR
     for r in range(0, full, MR):
-        _weighted(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run, MR,
-                  nv)
+        tile_product(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run,
+                     MR, nv, True)
     for r in range(full, R):
-        _weighted(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run, 1,
-                  nv)
+        tile_product(weights, w0 + r * ldw, ldw, values, v0, Dv, acc, r * Dv + c0, Dv, run,
+                     1, nv, True)
+
+
+#: The widths a bfloat16 values' product can have left after its blocks of NV columns.
+_NR1, _NR2, _NR3 = NR, 2 * NR, 3 * NR
+
+
+def _pair_columns(weights, ldw, values, rows, nk, c0, Dv, acc, R, ahead, n_ahead, ncols):
+    """:func:`pair_rows_product` of columns ``c0 .. c0 + ncols`` (a literal) for every
+    row: blocks of MR rows, then one row at a time; the first block prefetches."""
+    raise NotImplementedError
+
+
+@overload(_pair_columns, inline="always", prefer_literal=True)
+def _pair_columns_overload(weights, ldw, values, rows, nk, c0, Dv, acc, R, ahead, n_ahead,
+                           ncols):
+    if not isinstance(ncols, types.IntegerLiteral):
+        return None
+    width, native = ncols.literal_value, NATIVE
+
+    def columns(weights, ldw, values, rows, nk, c0, Dv, acc, R, ahead, n_ahead, ncols):
+        full = R - R % MR
+        for r in range(0, full, MR):
+            pair_rows_product(weights, r * ldw, ldw, values, rows, nk, c0, Dv, acc,
+                              r * Dv + c0, Dv, ahead, n_ahead if r == 0 else 0, MR, width,
+                              native)
+        for r in range(full, R):
+            pair_rows_product(weights, r * ldw, ldw, values, rows, nk, c0, Dv, acc,
+                              r * Dv + c0, Dv, ahead, n_ahead if r == 0 else 0, 1, width,
+                              native)
+    return columns
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
-    """``acc[r·Dv:(r+1)·Dv] += Σ_jj weights[r·ldw + jj] · v_jj`` (value jj is row
-    ``rows[jj]`` of ``values``; weights in the compute dtype, or bfloat16 bits: pairs), one
-    product per block of rows and columns and per run of keys in consecutive rows (of a
-    page), ``VALUE_RUN_BYTES`` of value rows at most.  Before the run of keys ``jj ..``, it
-    prefetches value rows ``ahead[jj ..]`` (those ``< n_ahead``: the rows taken next) for
-    as many keys; the ones past ``nk`` at the end."""
+def _run_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
+    """:func:`chunk_values` for weights in the compute dtype: a product per run of keys in
+    consecutive rows, ``VALUE_RUN_BYTES`` at most, each run's next value rows prefetched
+    before it."""
     wide = Dv - Dv % NV  # columns in blocks of NV, the rest in blocks of NR
-    # an even number of keys: the bfloat16 pair products take a run's keys two by two
-    # from its start, so cuts at even offsets keep the pairs (and the bits) of the uncut run
-    longest = max(2, VALUE_RUN_BYTES // (Dv * values.itemsize) // 2 * 2)
+    longest = max(1, VALUE_RUN_BYTES // (Dv * values.itemsize))
     jj = 0
     while jj < nk:
         run = 1
@@ -191,8 +209,48 @@ def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
         for c0 in range(wide, Dv, NR):
             _run_product(weights, jj, ldw, values, v0 + c0, Dv, acc, c0, run, R, NR)
         jj += run
-    for ja in range(nk, n_ahead):  # more keys taken next than this chunk has
-        prefetch_rows(values, ahead[ja] * Dv, 1, Dv)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _pair_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
+    """:func:`chunk_values` for bfloat16 weights: one :func:`pair_rows_product` per block
+    of rows and columns over the whole chunk, whatever its pages (the accumulators loaded
+    and stored once), the next value rows prefetched inside it, a pair of keys at a time."""
+    wide = Dv - Dv % NV
+    for c0 in range(0, wide, NV):
+        _pair_columns(weights, ldw, values, rows, nk, c0, Dv, acc, R, ahead, n_ahead, NV)
+    rest = Dv - wide  # a multiple of NR (literals: the product's width is compiled in)
+    if rest == _NR1:
+        _pair_columns(weights, ldw, values, rows, nk, wide, Dv, acc, R, ahead, n_ahead, _NR1)
+    elif rest == _NR2:
+        _pair_columns(weights, ldw, values, rows, nk, wide, Dv, acc, R, ahead, n_ahead, _NR2)
+    elif rest == _NR3:
+        _pair_columns(weights, ldw, values, rows, nk, wide, Dv, acc, R, ahead, n_ahead, _NR3)
+
+
+def chunk_values(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
+    """``acc[r·Dv:(r+1)·Dv] += Σ_jj weights[r·ldw + jj] · v_jj`` (value jj is row
+    ``rows[jj]`` of ``values``), prefetching value rows ``ahead[:n_ahead]`` (the rows
+    taken next) on the way; the ones past ``nk`` at the end.  Weights in the compute
+    dtype: a product per block of rows and columns and per run of keys in consecutive
+    rows (of a page), ``VALUE_RUN_BYTES`` of value rows at most, each run's prefetches
+    sent before it.  bfloat16 weights (pairs): one product per block of rows and columns
+    for the whole chunk, its prefetches sent inside it, a pair of keys at a time."""
+    raise NotImplementedError
+
+
+# Not inline="always": inlined, its two products' loops tripped Numba's SSA check (a
+# NumbaIRAssumptionWarning asking to report a bug, tests/test_decode.py's window cases);
+# a call per chunk and head costs nothing beside the chunk's 64 keys.
+@overload(chunk_values)
+def _chunk_values_overload(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
+    product = _pair_values if is_bfloat16_bits(weights.dtype) else _run_values
+
+    def values_of_chunk(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead):
+        product(weights, ldw, values, rows, nk, R, Dv, acc, ahead, n_ahead)
+        for ja in range(nk, n_ahead):  # more keys taken next than this chunk has
+            prefetch_rows(values, ahead[ja] * Dv, 1, Dv)
+    return values_of_chunk
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
