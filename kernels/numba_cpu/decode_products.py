@@ -37,7 +37,7 @@ for the values' product (as FlashAttention does; the row sums keep the float32 w
 Its values' product is one call per block of rows and columns for the whole chunk
 (:func:`~kernels.numba_cpu.pair_products.pair_rows_product`), its value rows given by
 index whatever the pages, its prefetches of the next value rows sent a pair of keys at a
-time inside it: 0.81-0.87 of the time of a bfloat16 step with runs cut every 2 KiB
+time inside it: 0.81-0.91 of the time of a bfloat16 step with runs cut every 2 KiB
 (``scripts/decode_ab.py``, 2026-12-07).  The same for float32 (an intrinsic taking value
 rows by index, the prefetch inside it) was no faster from memory (0.96-1.05 of the step;
 1.06-1.14 for one query row per key/value head): float32 keeps its runs.

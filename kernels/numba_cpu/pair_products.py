@@ -324,7 +324,7 @@ def _rows_product_codegen(mr, ncols, native, context, builder, signature, args):
         index = context.cast(builder, index, index_type.dtype, types.int64)
         return builder.gep(pb, [builder.mul(index, ldb_)])
 
-    lines = max(1, ncols * 2 // CACHE_LINE)  # of columns col0 .. col0 + ncols of a row
+    lines = -(-ncols * 2 // CACHE_LINE)  # of columns col0 .. col0 + ncols of a row
 
     def prefetch(t):
         start = builder.bitcast(row_at(args[11], ty[11], t), ir.IntType(8).as_pointer())
