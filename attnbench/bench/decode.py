@@ -33,7 +33,7 @@ import kernels
 from attnbench.bench.interval_targets import INCONCLUSIVE, _find, combine, interval_verdict
 from attnbench.bench.sections import _row, interval_timings
 from attnbench.measure import peers
-from attnbench.measure.bandwidth import stream_reader
+from attnbench.measure.bandwidth import stream_readers
 from attnbench.measure.intervals import format_samples, parse_samples, ratio_interval
 
 D = 128
@@ -87,7 +87,8 @@ def _group(group: str, calls: dict, shapes: dict, config, threads) -> list[dict]
 def decode_section(config, threads: int, progress: Callable[[str], None] = print) -> list[dict]:
     """The decode section's rows (see the module's docstring)."""
     rng = np.random.default_rng(0)
-    read, probe_bytes = stream_reader(threads=threads)
+    # the probe on the run's threads, and on one beside the split target: the same array
+    (read, read_one), probe_bytes = stream_readers((threads, 1))
     rows = []
     kv_bytes = lambda B, Hkv, L: B * Hkv * L * 2 * D * 4  # noqa: E731  (K and V, float32)
 
@@ -104,13 +105,11 @@ def decode_section(config, threads: int, progress: Callable[[str], None] = print
     progress(f"decode  num_splits=0 vs 1: B=1 H=8 Hkv=1 L={LM}")
     split0, mqa = _decode_call(rng, 1, 8, 1, LM, num_splits=0)
     split1, _ = _decode_call(rng, 1, 8, 1, LM, num_splits=1, cache=mqa)
-    read_one, _ = stream_reader(threads=1)
     split_calls = {"num_splits=0": split0, "num_splits=1": split1, PROBE_ONE: read_one,
                    PROBE_ALL: read}
     split_shapes = dict.fromkeys(("num_splits=0", "num_splits=1"), (1, 8, LM, kv_bytes(1, 1, LM)))
     split_shapes.update(dict.fromkeys((PROBE_ONE, PROBE_ALL), (0, 0, 0, probe_bytes)))
     rows += _group("splits", split_calls, split_shapes, config, threads)
-    del read_one
 
     progress(f"decode  GQA H=32/Hkv=8 vs H=8/Hkv=8, and paged (16, 256) vs contiguous, L={L1}")
     gqa, contiguous = _decode_call(rng, 1, 32, 8, L1)

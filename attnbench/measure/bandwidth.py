@@ -12,12 +12,14 @@ record) lists every probe.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["PROBE_MIB", "bandwidth_record", "read_bandwidth_gbs", "stream_reader"]
+__all__ = ["PROBE_MIB", "bandwidth_record", "read_bandwidth_gbs", "stream_reader",
+           "stream_readers"]
 
 #: Size of the probe's array (MiB).
 PROBE_MIB = 256
@@ -45,14 +47,24 @@ def _stream(a, parts):
         parts[t] = _chunk_sum(a[lo:min(n, lo + per)])
 
 
-def stream_reader(mib: int = PROBE_MIB, threads: int | None = None):
-    """``(read, nbytes)``: a call that streams a ``mib`` MiB array once (compiled, warm),
-    and the bytes it reads; for timing beside the calls it is a yardstick of."""
-    threads = numba.get_num_threads() if threads is None else threads
+def stream_readers(thread_counts, mib: int = PROBE_MIB):
+    """``(reads, nbytes)``: one call per entry of ``thread_counts`` that streams the same
+    ``mib`` MiB array once in that many chunks (one thread each; compiled, warm), and the
+    bytes each reads; for timing beside the calls they are a yardstick of."""
     data = np.ones(mib * (1 << 20) // 4, dtype=np.float32)  # written: its pages exist
-    parts = np.zeros(threads, dtype=np.float32)
-    _stream(data, parts)  # compiles (cached on disk), warms
-    return (lambda: _stream(data, parts)), data.nbytes
+    reads = []
+    for threads in thread_counts:
+        parts = np.zeros(threads, dtype=np.float32)
+        _stream(data, parts)  # compiles (cached on disk), warms
+        reads.append(partial(_stream, data, parts))
+    return reads, data.nbytes
+
+
+def stream_reader(mib: int = PROBE_MIB, threads: int | None = None):
+    """``(read, nbytes)``: :func:`stream_readers` for one thread count (default: Numba's)."""
+    (read,), nbytes = stream_readers(
+        [numba.get_num_threads() if threads is None else threads], mib)
+    return read, nbytes
 
 
 def read_bandwidth_gbs(mib: int = PROBE_MIB, *, repeat: int = 5) -> float:

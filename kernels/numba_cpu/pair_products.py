@@ -319,15 +319,11 @@ def _rows_product_codegen(mr, ncols, native, context, builder, signature, args):
         accs.append(_accumulators(builder, f32v, len(initial), initial))
     w_rows = [builder.gep(pw, [builder.mul(ldw_, ir.Constant(i64, r))]) for r in range(mr)]
 
-    def row_at(index_array, index_type, t):
-        index = builder.load(_pointer(context, builder, index_type, index_array, t))
-        index = context.cast(builder, index, index_type.dtype, types.int64)
-        return builder.gep(pb, [builder.mul(index, ldb_)])
-
     lines = -(-ncols * 2 // CACHE_LINE)  # of columns col0 .. col0 + ncols of a row
 
     def prefetch(t):
-        start = builder.bitcast(row_at(args[11], ty[11], t), ir.IntType(8).as_pointer())
+        row = key_pointers(context, builder, ty[11], args[11], t, ldb_, pb, 1)[0]
+        start = builder.bitcast(row, ir.IntType(8).as_pointer())
         for line in range(lines):
             prefetch_line(builder, builder.gep(start, [ir.Constant(i64, line * CACHE_LINE)]))
 
@@ -337,8 +333,8 @@ def _rows_product_codegen(mr, ncols, native, context, builder, signature, args):
         if prefetching:
             prefetch(t)
             prefetch(builder.add(t, ir.Constant(i64, 1)))
-        first = row_at(args[4], ty[4], t)
-        second = row_at(args[4], ty[4], builder.add(t, ir.Constant(i64, 1))) if second_row else None
+        first, second = (key_pointers(context, builder, ty[4], args[4], t, ldb_, pb,
+                                      2 if second_row else 1) + [None])[:2]
         pairs = []
         for g in range(groups):
             col = ir.Constant(i64, g * PAIR_BLOCK)
