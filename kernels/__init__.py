@@ -38,7 +38,15 @@ The package, from the bottom up (imports run one way, upwards):
 from __future__ import annotations
 
 from . import mods
-from ._api import attention, attention_backward, attention_plan, plan, plan_needed, prepare
+from ._api import (
+    attention,
+    attention_backward,
+    attention_plan,
+    compiled_forms,
+    plan,
+    plan_needed,
+    prepare,
+)
 from ._decode_api import attention_with_kvcache
 from ._dispatch import (
     BackendUnavailableError,
@@ -77,5 +85,6 @@ __all__ = [
     "KVCache",
     "attention_varlen",
     "attention_varlen_backward",
+    "compiled_forms",
 ]
 __version__ = "0.1.0"

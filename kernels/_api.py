@@ -17,7 +17,8 @@ from ._problem import AttentionProblem, multiply_adds
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
 
-__all__ = ["attention", "attention_backward", "attention_plan", "plan", "plan_needed", "prepare"]
+__all__ = ["attention", "attention_backward", "attention_plan", "compiled_forms", "plan",
+           "plan_needed", "prepare"]
 
 
 def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
@@ -241,6 +242,23 @@ def attention_plan() -> dict:
     from .numba_cpu import planner  # imports Numba: only when asked
 
     return planner.record()
+
+
+def compiled_forms() -> dict:
+    """The forms the numba backend compiles on this machine, without compiling.
+
+    Returns
+    -------
+    dict
+        ``target``: the CPU Numba compiles for and its vector registers (e.g.
+        ``"znver3: avx2, 16 x 256-bit vector registers"``); ``micro_blocks``: per dtype,
+        the micro-kernel's register blocks the planner chooses among; ``bfloat16_products``:
+        ``"vdpbf16ps"`` (AVX512-BF16) or ``"emulated"`` (two fused multiply-adds per
+        pair of bfloat16).
+    """
+    from .numba_cpu import planner  # imports Numba: only when asked
+
+    return planner.forms()
 
 
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=None,

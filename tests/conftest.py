@@ -49,10 +49,13 @@ def pytest_sessionfinish(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    """pytest-xdist's controller: gather a finished worker's comparisons."""
+    """pytest-xdist's controller: gather a finished worker's comparisons.  A worker that
+    died (a crash in compiled code) has no ``workeroutput``: pytest-xdist reports the test
+    it was running as failed and starts another worker; its comparisons are lost."""
     from tests.support import COMPARISONS
 
-    COMPARISONS.extend(tuple(c) for c in node.workeroutput.get("attnbench_comparisons", ()))
+    output = getattr(node, "workeroutput", None) or {}
+    COMPARISONS.extend(tuple(c) for c in output.get("attnbench_comparisons", ()))
 
 
 def pytest_terminal_summary(terminalreporter):

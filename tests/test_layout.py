@@ -50,6 +50,8 @@ KERNELS_ALL = [
     "attention_with_kvcache", "merge_attention_states", "KVCache",
     # issue 24 (packed batches)
     "attention_varlen", "attention_varlen_backward",
+    # issue 55 (the forms compiled for the machine's instruction set)
+    "compiled_forms",
 ]
 MODS_ALL = [
     "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias",

@@ -12,11 +12,18 @@ the head sizes of real models below.
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
 from numba import njit
 
+from kernels._jit.isa import AVX2_TARGET
 from kernels.numba_cpu.decode_products import round_weights
 from kernels.numba_cpu.pair_products import (
     NATIVE,
@@ -27,6 +34,7 @@ from kernels.numba_cpu.pair_products import (
 
 from .test_decode import _check_against_oracle, _decode_case
 
+ROOT = Path(__file__).resolve().parents[1]
 BF16 = ml_dtypes.bfloat16
 FORMS = [False, pytest.param(True, marks=pytest.mark.skipif(
     not NATIVE, reason="this machine (or its LLVM) has no vdpbf16ps"))]
@@ -34,74 +42,81 @@ FORMS = [False, pytest.param(True, marks=pytest.mark.skipif(
 
 # The helpers below are not cached on disk: Numba stamps a cached function with its own
 # file only, and tests/ is outside kernels._jit.cache's stamps (an edit of the intrinsics
-# would leave stale code).
-@njit
-def _dots(a, a0, lda, b, c, depth, mr4, native):
-    if mr4:
-        if native:
-            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 4, True)
-        else:
-            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 4, False)
-    elif native:
-        pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, True)
-    else:
-        pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, False)
+# would leave stale code).  They are built once per form, ``native`` a constant of each:
+# a form passed at run time would compile both, and the instruction's form refuses to
+# compile (LLVM would abort the process) on a target without it.
+@functools.cache
+def _helpers(native):
+    """``(dots, block_then_rows, rows)`` for one form of the pair products."""
 
+    @njit
+    def dots(a, a0, lda, b, c, depth, mr4):
+        if mr4:
+            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 4, native)
+        else:
+            pair_row_dots(a, a0, lda, b, 0, c, 0, 1, depth, 1, native)
 
-@njit
-def _block_then_rows(a, lda, b, rows, ldb, depth, native):
-    """Scores of 4 query rows against the key rows ``rows`` (8 of them): blocks of 4 rows
-    and 4 keys, of 2 and 4, of 1 and 4; one key at a time in blocks of 1, 1 and 2 rows (4
-    in the emulation: the decode chunk's last keys); then one key and one row at a time;
-    ldc = 9 (the entries between stay NaN)."""
-    nk = rows.size
-    blocked = np.full(4 * 9, np.nan, np.float32)
-    column = np.full(4 * 9, np.nan, np.float32)
-    single = np.full(4 * 9, np.nan, np.float32)
-    for jj in range(nk):
-        if native:
-            pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 1, 1, True)
-            pair_block_dots(a, lda, lda, b, rows, jj, ldb, column, 9 + jj, 9, depth, 1, 1, True)
-            pair_block_dots(a, 2 * lda, lda, b, rows, jj, ldb, column, 18 + jj, 9, depth, 2, 1,
-                            True)
-        else:
-            pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 4, 1, False)
-    for j0 in range(0, nk, 4):
-        if native:
-            pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 2, 4, True)
-            pair_block_dots(a, 2 * lda, lda, b, rows, j0, ldb, blocked, 18 + j0, 9, depth,
-                            1, 4, True)
-            pair_block_dots(a, 3 * lda, lda, b, rows, j0, ldb, blocked, 27 + j0, 9, depth,
-                            1, 4, True)
-        else:
-            pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 4, 4, False)
-    for jj in range(nk):
-        for r in range(4):
+    @njit
+    def block_then_rows(a, lda, b, rows, ldb, depth):
+        """Scores of 4 query rows against the key rows ``rows`` (8 of them): blocks of 4
+        rows and 4 keys, of 2 and 4, of 1 and 4; one key at a time in blocks of 1, 1 and 2
+        rows (4 in the emulation: the decode chunk's last keys); then one key and one row
+        at a time; ldc = 9 (the entries between stay NaN)."""
+        nk = rows.size
+        blocked = np.full(4 * 9, np.nan, np.float32)
+        column = np.full(4 * 9, np.nan, np.float32)
+        single = np.full(4 * 9, np.nan, np.float32)
+        for jj in range(nk):
             if native:
-                pair_row_dots(a, r * lda, lda, b, rows[jj] * ldb, single, r * 9 + jj, 9,
-                              depth, 1, True)
+                pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 1, 1, native)
+                pair_block_dots(a, lda, lda, b, rows, jj, ldb, column, 9 + jj, 9, depth, 1, 1,
+                                native)
+                pair_block_dots(a, 2 * lda, lda, b, rows, jj, ldb, column, 18 + jj, 9, depth,
+                                2, 1, native)
             else:
+                pair_block_dots(a, 0, lda, b, rows, jj, ldb, column, jj, 9, depth, 4, 1, native)
+        for j0 in range(0, nk, 4):
+            if native:
+                pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 2, 4,
+                                native)
+                pair_block_dots(a, 2 * lda, lda, b, rows, j0, ldb, blocked, 18 + j0, 9, depth,
+                                1, 4, native)
+                pair_block_dots(a, 3 * lda, lda, b, rows, j0, ldb, blocked, 27 + j0, 9, depth,
+                                1, 4, native)
+            else:
+                pair_block_dots(a, 0, lda, b, rows, j0, ldb, blocked, j0, 9, depth, 4, 4,
+                                native)
+        for jj in range(nk):
+            for r in range(4):
                 pair_row_dots(a, r * lda, lda, b, rows[jj] * ldb, single, r * 9 + jj, 9,
-                              depth, 1, False)
-    return blocked, column, single
+                              depth, 1, native)
+        return blocked, column, single
 
-
-@njit
-def _rows(w, w0, ldw, b, rows, ldb, c, ldc, ahead, native, wide):
-    """4 rows x 48 columns (a block of 32, 16 left over), or 64 (two blocks of 32), of
-    ``c += w · b[rows]``; columns from 8 on (``col0 = 8``), every row ahead prefetched."""
-    nk = rows.size
-    if wide:
-        if native:
+    @njit
+    def rows_product(w, w0, ldw, b, rows, ldb, c, ldc, ahead, wide):
+        """4 rows x 48 columns (a block of 32, 16 left over), or 64 (two blocks of 32), of
+        ``c += w · b[rows]``; columns from 8 on (``col0 = 8``), every row ahead prefetched."""
+        nk = rows.size
+        if wide:
             pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 64,
-                              True)
+                              native)
         else:
-            pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 64,
-                              False)
-    elif native:
-        pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 48, True)
-    else:
-        pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 48, False)
+            pair_rows_product(w, w0, ldw, b, rows, nk, 8, ldb, c, 0, ldc, ahead, nk, 4, 48,
+                              native)
+
+    return dots, block_then_rows, rows_product
+
+
+def _dots(a, a0, lda, b, c, depth, mr4, native):
+    _helpers(native)[0](a, a0, lda, b, c, depth, mr4)
+
+
+def _block_then_rows(a, lda, b, rows, ldb, depth, native):
+    return _helpers(native)[1](a, lda, b, rows, ldb, depth)
+
+
+def _rows(w, w0, ldw, b, rows, ldb, c, ldc, ahead, native, wide):
+    _helpers(native)[2](w, w0, ldw, b, rows, ldb, c, ldc, ahead, wide)
 
 
 def _bits(x):
@@ -222,3 +237,30 @@ def test_decode_on_the_pair_path_matches_the_oracle(H, Hkv, D, Dv, page_size, nu
     out, _, _, _ = _check_against_oracle("numba", q, k_cache, v_cache, table, lengths,
                                          k_new, v_new, num_splits=num_splits)
     assert not np.isnan(out.astype(np.float64)).any()  # NaN fills every slot past the keys
+
+
+_REFUSED = """
+import numpy as np
+from numba import njit
+from kernels.numba_cpu.pair_products import NATIVE, pair_row_dots
+assert not NATIVE
+@njit
+def dots(a, b, c):
+    pair_row_dots(a, 0, 32, b, 0, c, 0, 1, 32, 1, True)
+try:
+    dots(np.zeros(32, np.uint16), np.zeros(32, np.uint16), np.zeros(1, np.float32))
+except NotImplementedError as error:
+    print(error)
+"""
+
+
+def test_the_instruction_is_refused_not_aborted_on_a_target_without_it(tmp_path):
+    """Compiled for an AVX2 target, the instruction's form raises a NotImplementedError
+    naming it; handed to LLVM it would abort the interpreter (what the emulation exists
+    for).  In a subprocess, whatever this machine has."""
+    env = {**os.environ, **AVX2_TARGET, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _REFUSED], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "vdpbf16ps" in done.stdout and "avx512bf16" in done.stdout
+    assert "haswell" in done.stdout

@@ -195,7 +195,10 @@ def machine_record() -> dict:
         decoding's yardstick), and ``attention_plan``
         (:func:`kernels.attention_plan`: per dtype, the numba backend's tile-product path
         on this machine, ``"8x16"`` (the micro-kernel's register block), ``"blas"`` or
-        ``"not planned"``; read when the record is made, never planned for it).
+        ``"not planned"``; read when the record is made, never planned for it), and
+        ``compiled_forms`` (:func:`kernels.compiled_forms`: the CPU target Numba compiles
+        for, the register blocks planned among, and whether the bfloat16 products use
+        ``vdpbf16ps`` or its emulation).
 
     Notes
     -----
@@ -205,7 +208,8 @@ def machine_record() -> dict:
     """
     return {**copy.deepcopy(_record()), "gemm_peak_probes": gemm_peak_record(),
             "read_bandwidth_probes": bandwidth_record(),
-            "attention_plan": kernels.attention_plan()}
+            "attention_plan": kernels.attention_plan(),
+            "compiled_forms": kernels.compiled_forms()}
 
 
 def _blas_summary(blas: list[dict]) -> str:
@@ -241,6 +245,14 @@ def machine_columns(record: dict | None = None) -> dict:
     }
 
 
+def _forms_line(forms: dict | None) -> list[str]:
+    """The ``Target`` line: what Numba compiles for (none for a record made without it)."""
+    if not forms:
+        return []
+    return [f"Target     Numba compiles for {forms['target']}; bfloat16 products "
+            f"{forms['bfloat16_products']}"]
+
+
 def summary_lines(record: dict | None = None) -> list[str]:
     """A few human-readable lines describing the machine, for the console."""
     record = machine_record() if record is None else record
@@ -253,6 +265,7 @@ def summary_lines(record: dict | None = None) -> list[str]:
         f"BLAS       {_blas_summary(record['blas'])}",
         "Tiles      numba backend's tile products: " + ", ".join(
             f"{dtype} {path}" for dtype, path in record.get("attention_plan", {}).items()),
+        *_forms_line(record.get("compiled_forms")),
         f"Versions   python {record['python']}, numpy {record['numpy']}, "
         f"pandas {record['pandas']}, torch {record['torch']}",
         f"Host       {record['hostname']} ({record['platform']})",

@@ -41,16 +41,16 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
+from .._jit import isa
 from .._jit.half import is_bfloat16_bits
 from .._jit.prefetch import CACHE_LINE, prefetch_line
 from .block_products import _block_literals, block_dots_ir, indices_ok, key_pointers
 from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
 
-__all__ = ["LANES", "NATIVE", "PAIR_BLOCK", "pair_block_dots", "pair_row_dots",
-           "pair_rows_product"]
+__all__ = ["LANES", "NATIVE", "NATIVE_INSTRUCTION", "PAIR_BLOCK", "pair_block_dots",
+           "pair_row_dots", "pair_rows_product"]
 
 #: float32 lanes of one step (a 512-bit vector: 32 bfloat16 in 16 pairs).
 LANES = 16
@@ -80,25 +80,37 @@ def _bfloat_type():
 _BFLOAT = _bfloat_type()
 
 
+#: The instruction :func:`dot_pairs` emits where :data:`NATIVE`, and LLVM's name of it.
+NATIVE_INSTRUCTION = "vdpbf16ps (llvm.x86.avx512bf16.dpbf16ps.512)"
+
+
 def _native_dot_available() -> bool:
-    """Whether Numba's target machine has AVX512-BF16 and its LLVM takes ``<32 x bfloat>``
+    """Whether Numba's target has AVX512-BF16 and its LLVM takes ``<32 x bfloat>``
     operands for ``vdpbf16ps`` (LLVM 17 and later)."""
-    if llvm.llvm_version_info < (17,) or _BFLOAT is None:
-        return False
-    features = getattr(cpu_target.target_context.codegen(), "_tm_features", "") or ""
-    return "+avx512bf16" in features.split(",")
+    return (llvm.llvm_version_info >= (17,) and _BFLOAT is not None
+            and isa.target().has("avx512bf16"))
 
 
-#: Whether the kernels use the ``vdpbf16ps`` instruction (else its emulation).
+#: Whether the kernels use the ``vdpbf16ps`` instruction (else its emulation).  A
+#: module constant, so that Numba folds the choice and never compiles the other form.
 NATIVE = _native_dot_available()
 
 
 def dot_pairs(builder, acc, x, y, native):
     """LLVM IR: ``acc`` (``<16 x float>``) plus, in each lane, the products of the lane's
     two bfloat16 of ``x`` and ``y`` (``<16 x i32>``, the even element in the low half):
-    the odd pair's product added first, then the even pair's."""
+    the odd pair's product added first, then the even pair's.
+
+    ``native``: one ``vdpbf16ps``, else two fused multiply-adds.  The instruction is
+    refused (``NotImplementedError``) where :data:`NATIVE` is false: LLVM would abort
+    the process on it."""
     f32v = acc.type
     if native:
+        isa.require("avx512bf16", NATIVE_INSTRUCTION)
+        if not NATIVE:  # the feature is there, but this LLVM or llvmlite cannot type it
+            raise NotImplementedError(
+                f"{NATIVE_INSTRUCTION} needs LLVM 17 or later and llvmlite's float base "
+                f"(LLVM {llvm.llvm_version_info}); compile the emulation instead")
         bfv = ir.VectorType(_BFLOAT, 2 * LANES)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(f32v, [f32v, bfv, bfv]),

@@ -28,13 +28,15 @@ import numba
 import numpy as np
 
 from .._dtypes import compute_dtype
+from .._jit import isa
 from .._validate import check_attention_args
 from ..stats import median_interval
 from . import forward
 from .micro import CONFIGS, run
+from .pair_products import NATIVE
 
 __all__ = ["FILENAME", "NOT_PLANNED", "PLAN_WORK_LIMIT", "VERSION", "PlanningWarning",
-           "block_for", "choice", "load", "locations", "machine_key", "plan",
+           "block_for", "choice", "forms", "load", "locations", "machine_key", "plan",
            "plan_all", "record", "store", "stored_choice"]
 
 FILENAME = "microkernel-plan.json"
@@ -316,3 +318,20 @@ def record(dtypes=_DTYPES) -> dict:
         return stored if stored == "blas" else "x".join(map(str, stored))
 
     return {np.dtype(d).name: label(stored_choice(d)) for d in dtypes}
+
+
+def forms() -> dict:
+    """The forms the numba backend compiles for this target; never compiles or plans.
+
+    Returns
+    -------
+    dict
+        ``target`` (Numba's CPU and its vector registers, :func:`kernels._jit.isa.target`),
+        ``micro_blocks`` (per dtype, the register blocks ``"8x16"`` the planner chooses
+        among) and ``bfloat16_products`` (``"vdpbf16ps"``, or ``"emulated"``: two fused
+        multiply-adds per pair where the target lacks AVX512-BF16).
+    """
+    return {"target": isa.target().describe(),
+            "micro_blocks": {np.dtype(d).name: ["x".join(map(str, block)) for block in CONFIGS[d]]
+                             for d in _DTYPES},
+            "bfloat16_products": "vdpbf16ps" if NATIVE else "emulated"}
