@@ -1,6 +1,9 @@
-"""attnbench: the harness that measures and verifies the attention kernels of :mod:`kernels`.
+"""attnbench: the attention kernels (:mod:`attnbench.kernels`) and the harness that measures
+and verifies them.
 
-The tree shows the architecture:
+``from attnbench import kernels`` imports the kernels (the repository's folder ``kernels/``)
+wherever attnbench is installed; ``import kernels`` does too where no other package owns that
+name (:mod:`attnbench.kernels._name`).  The harness's tree shows its architecture:
 
 - :mod:`attnbench.measure`: how numbers are taken (timer, GPU timing, machine record and
   peaks, FLOPs, the oracle and tolerance, peers, the input generator).
@@ -12,5 +15,9 @@ The tree shows the architecture:
 - :mod:`attnbench.cli` (the ``attnbench`` command), :mod:`attnbench.job` (``run`` and
   ``sweep``), :mod:`attnbench.gpu_check` (``scripts/gpu-check.sh``).
 """
+
+from . import _kernels_path
+
+_kernels_path.install()  # a checkout's kernels/ as attnbench.kernels (that module says when)
 
 __version__ = "0.1.0"

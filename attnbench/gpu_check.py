@@ -84,7 +84,7 @@ def plan(mode: str, out: Path) -> list[str]:
 
 def _where(mode: str) -> tuple[bool, str]:
     """``(matches, description)`` of where numba.cuda runs, against ``mode``."""
-    from kernels import cuda_simulator_enabled, cuda_status
+    from attnbench.kernels import cuda_simulator_enabled, cuda_status
 
     usable, why = cuda_status()
     simulated = cuda_simulator_enabled()

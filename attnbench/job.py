@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.claims import ledger
+from attnbench.kernels import has_real_gpu
 from attnbench.measure.problems import ONE_BLAS_THREAD_BACKENDS
 from attnbench.report import build as report
 from attnbench.report import heatmaps
@@ -43,7 +44,6 @@ from attnbench.sweep.files import save_results
 from attnbench.sweep.grid import GRIDS, Grid, expand, grid_from_mapping, load_grid_file
 from attnbench.sweep.journal import JOURNAL_NAME, Journal, journaled, load_journal, point_key
 from attnbench.sweep.run import points_summary, run_sweep, serial_executor
-from kernels import has_real_gpu
 
 __all__ = ["SECTION_PRODUCERS", "computed_sections", "run_command", "run_job", "sweep_command"]
 

@@ -1,6 +1,10 @@
 """Verified masked multi-head attention kernels for NumPy code.
 
->>> import numpy as np, kernels
+Installed as ``attnbench.kernels``; ``import kernels`` reaches the same module where no
+other package owns that name (:mod:`kernels._name`).
+
+>>> import numpy as np
+>>> from attnbench import kernels
 >>> q = k = v = np.ones((2, 4, 8, 16), dtype=np.float32)   # (B, H, L, D)
 >>> kernels.attention(q, k, v, causal=True).shape
 (2, 4, 8, 16)
@@ -37,54 +41,59 @@ The package, from the bottom up (imports run one way, upwards):
 
 from __future__ import annotations
 
-from . import mods
-from ._api import (
-    attention,
-    attention_backward,
-    attention_plan,
-    compiled_forms,
-    plan,
-    plan_needed,
-    prepare,
-)
-from ._decode_api import attention_with_kvcache
-from ._dispatch import (
-    BackendUnavailableError,
-    available_backends,
-    cuda_simulator_enabled,
-    cuda_status,
-    has_real_gpu,
-)
-from ._problem import AttentionProblem
-from ._validate import causal_offset
-from ._varlen_api import attention_varlen, attention_varlen_backward
-from .kvcache import KVCache
-from .merge import merge_attention_states
-from .mha import MultiHeadAttention
-from .softmax import softmax
+if __name__ == "kernels":  # this folder by its top-level name: kernels._name says who owns it
+    from ._name import hand_over
 
-__all__ = [
-    "attention",
-    "attention_backward",
-    "attention_plan",
-    "plan",
-    "plan_needed",
-    "prepare",
-    "mods",
-    "softmax",
-    "MultiHeadAttention",
-    "AttentionProblem",
-    "available_backends",
-    "cuda_status",
-    "has_real_gpu",
-    "cuda_simulator_enabled",
-    "causal_offset",
-    "BackendUnavailableError",
-    "attention_with_kvcache",
-    "merge_attention_states",
-    "KVCache",
-    "attention_varlen",
-    "attention_varlen_backward",
-    "compiled_forms",
-]
-__version__ = "0.1.0"
+    hand_over()
+else:
+    from . import mods
+    from ._api import (
+        attention,
+        attention_backward,
+        attention_plan,
+        compiled_forms,
+        plan,
+        plan_needed,
+        prepare,
+    )
+    from ._decode_api import attention_with_kvcache
+    from ._dispatch import (
+        BackendUnavailableError,
+        available_backends,
+        cuda_simulator_enabled,
+        cuda_status,
+        has_real_gpu,
+    )
+    from ._problem import AttentionProblem
+    from ._validate import causal_offset
+    from ._varlen_api import attention_varlen, attention_varlen_backward
+    from .kvcache import KVCache
+    from .merge import merge_attention_states
+    from .mha import MultiHeadAttention
+    from .softmax import softmax
+
+    __all__ = [
+        "attention",
+        "attention_backward",
+        "attention_plan",
+        "plan",
+        "plan_needed",
+        "prepare",
+        "mods",
+        "softmax",
+        "MultiHeadAttention",
+        "AttentionProblem",
+        "available_backends",
+        "cuda_status",
+        "has_real_gpu",
+        "cuda_simulator_enabled",
+        "causal_offset",
+        "BackendUnavailableError",
+        "attention_with_kvcache",
+        "merge_attention_states",
+        "KVCache",
+        "attention_varlen",
+        "attention_varlen_backward",
+        "compiled_forms",
+    ]
+    __version__ = "0.1.0"

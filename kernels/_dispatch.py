@@ -16,13 +16,11 @@ import os
 from ._problem import AttentionProblem
 
 #: backend name -> (forward module, backward module, decode module: ``run(problem) -> (out,
-#: lse)`` of a :class:`kernels._decode_problem.DecodeProblem`).
+#: lse)`` of a :class:`kernels._decode_problem.DecodeProblem`), relative to this package.
 BACKENDS = {
-    "reference": ("kernels.reference.forward", "kernels.reference.backward",
-                  "kernels.reference.decode"),
-    "numba": ("kernels.numba_cpu.choose", "kernels.numba_cpu.backward",
-              "kernels.numba_cpu.decode"),
-    "cuda": ("kernels.cuda.launch", "kernels.cuda.backward", "kernels.cuda.decode"),
+    "reference": (".reference.forward", ".reference.backward", ".reference.decode"),
+    "numba": (".numba_cpu.choose", ".numba_cpu.backward", ".numba_cpu.decode"),
+    "cuda": (".cuda.launch", ".cuda.backward", ".cuda.decode"),
 }
 
 #: ``auto`` sends problems with at least this many multiply-adds to a real GPU.
@@ -119,14 +117,14 @@ def resolve(backend: str, problem: AttentionProblem) -> str:
 
 def module(name: str):
     """The module implementing the forward pass of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][0])
+    return importlib.import_module(BACKENDS[name][0], __package__)
 
 
 def backward_module(name: str):
     """The module implementing the backward pass of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][1])
+    return importlib.import_module(BACKENDS[name][1], __package__)
 
 
 def decode_module(name: str):
     """The module implementing the KV-cache decode of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][2])
+    return importlib.import_module(BACKENDS[name][2], __package__)

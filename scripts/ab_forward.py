@@ -30,9 +30,9 @@ from pathlib import Path
 import numba
 import numpy as np
 
-import kernels
-from kernels.numba_cpu import choose
-from kernels.stats import median_interval
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import choose
+from attnbench.kernels.stats import median_interval
 
 REPO = Path(__file__).resolve().parent.parent
 

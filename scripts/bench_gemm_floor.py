@@ -37,14 +37,14 @@ import sys
 import numba
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.bench import gemm_floor
+from attnbench.kernels.numba_cpu import choose
+from attnbench.kernels.numba_cpu import micro as _microkernel
+from attnbench.kernels.numba_cpu import planner as _microplan
 from attnbench.measure import machine, peers
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
-from kernels.numba_cpu import choose
-from kernels.numba_cpu import micro as _microkernel
-from kernels.numba_cpu import planner as _microplan
 
 #: Ratios reported per point: (name, numerator, denominator).
 RATIOS = (("micro/numba", "micro", "numba"), ("numba/floor", "numba", "floor"),

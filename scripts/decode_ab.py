@@ -32,12 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from attnbench.bench.decode import random_cache  # noqa: E402
+from attnbench.kernels._decode_validate import check_decode_args  # noqa: E402
+from attnbench.kernels._dtypes import as_dtype  # noqa: E402
+from attnbench.kernels.numba_cpu import decode as new_decode  # noqa: E402
 from attnbench.measure.bandwidth import stream_reader  # noqa: E402
 from attnbench.measure.intervals import ratio_interval  # noqa: E402
 from attnbench.measure.timing import interleaved  # noqa: E402
-from kernels._decode_validate import check_decode_args  # noqa: E402
-from kernels._dtypes import as_dtype  # noqa: E402
-from kernels.numba_cpu import decode as new_decode  # noqa: E402
 
 #: The old kernel's files (each where the old commit has it) and how the others import it.
 OLD_FILES = {"kernels/numba_cpu/decode.py": None,
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         numba.set_num_threads(args.threads)
     try:
         _write_old_kernel(args.old)
-        old_decode = importlib.import_module("kernels.numba_cpu._ab_old_decode")
+        old_decode = importlib.import_module("attnbench.kernels.numba_cpu._ab_old_decode")
         rng = np.random.default_rng(0)
         read, probe_bytes = stream_reader()
         calls, nbytes = {"probe": read}, {"probe": probe_bytes}

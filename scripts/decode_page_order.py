@@ -35,8 +35,8 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_read_order import one_row  # noqa: E402  (this folder: the contiguous read)
 
-from kernels._jit.math import FASTMATH  # noqa: E402
-from kernels._jit.prefetch import prefetch_rows  # noqa: E402
+from attnbench.kernels._jit.math import FASTMATH  # noqa: E402
+from attnbench.kernels._jit.prefetch import prefetch_rows  # noqa: E402
 
 HKV, L, D = 8, 32768, 128
 

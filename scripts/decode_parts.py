@@ -32,14 +32,14 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnbench.measure.timing import measure  # noqa: E402
-from kernels.numba_cpu.decode import CHUNK, _softmax_update  # noqa: E402
-from kernels.numba_cpu.decode_products import (  # noqa: E402
+from attnbench.kernels.numba_cpu.decode import CHUNK, _softmax_update  # noqa: E402
+from attnbench.kernels.numba_cpu.decode_products import (  # noqa: E402
     chunk_scores,
     chunk_values,
     round_weights,
 )
-from kernels.numba_cpu.pair_products import NATIVE  # noqa: E402
+from attnbench.kernels.numba_cpu.pair_products import NATIVE  # noqa: E402
+from attnbench.measure.timing import measure  # noqa: E402
 
 
 @njit

@@ -21,8 +21,8 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels._jit.math import FASTMATH  # noqa: E402
-from kernels.numba_cpu.products import row_dots, tile_product  # noqa: E402
+from attnbench.kernels._jit.math import FASTMATH  # noqa: E402
+from attnbench.kernels.numba_cpu.products import row_dots, tile_product  # noqa: E402
 
 D, N, R = 128, 131072, 4
 

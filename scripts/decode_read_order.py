@@ -25,8 +25,8 @@ import numpy as np
 from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels._jit.math import FASTMATH  # noqa: E402
-from kernels._jit.prefetch import prefetch_rows  # noqa: E402
+from attnbench.kernels._jit.math import FASTMATH  # noqa: E402
+from attnbench.kernels._jit.prefetch import prefetch_rows  # noqa: E402
 
 
 @njit(parallel=True, fastmath=FASTMATH)

@@ -10,7 +10,7 @@ import time
 import numba
 import numpy as np
 
-import kernels
+from attnbench import kernels
 
 numba.set_num_threads(1)
 rng = np.random.default_rng(0)

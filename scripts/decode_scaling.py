@@ -16,7 +16,7 @@ import functools
 import numba
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.timing import interleaved
 from attnbench.studies.fits import fit_scaling
 from attnbench.studies.scaling import exponent_text

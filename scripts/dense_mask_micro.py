@@ -19,10 +19,10 @@ import platform
 import numba
 import numpy as np
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import choose
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
-from kernels.numba_cpu import choose
 
 
 def masks(L: int, rng) -> dict:

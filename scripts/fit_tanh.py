@@ -70,7 +70,7 @@ def main() -> None:
     a, b = coefficients[:4].astype(np.float32), coefficients[4:].astype(np.float32)
     print("numerator   a1..a4:", ", ".join(repr(float(c)) for c in a))
     print("denominator b1..b4:", ", ".join(repr(float(c)) for c in b))
-    from kernels.mods.lowering import tanh_for
+    from attnbench.kernels.mods.lowering import tanh_for
 
     start = time.perf_counter()
     worst, outside = check(tanh_for("cpu", np.float32))

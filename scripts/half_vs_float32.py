@@ -16,7 +16,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
 

@@ -20,8 +20,8 @@ import time
 import numpy as np
 from numba import njit
 
-from kernels._jit.math import FASTMATH, max_key
-from kernels.mods.lowering import tanh_for
+from attnbench.kernels._jit.math import FASTMATH, max_key
+from attnbench.kernels.mods.lowering import tanh_for
 
 F = np.float32
 TANH32 = tanh_for("cpu", np.float32)

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, time
 import numpy as np
-import kernels
+from attnbench import kernels
 H, D, reps = 8, 64, int(sys.argv[1])
 rng = np.random.default_rng(0)
 cu = np.concatenate([[0], np.cumsum([2048, 1024, 512, 256, 128, 64])]).astype(np.int64)

@@ -19,11 +19,11 @@ import platform
 import numba
 import numpy as np
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._varlen_api import prepare_varlen
+from attnbench.kernels.numba_cpu import planner, varlen
 from attnbench.measure.intervals import ratio_interval
 from attnbench.measure.timing import interleaved
-from kernels._varlen_api import prepare_varlen
-from kernels.numba_cpu import planner, varlen
 
 
 def _calls(lengths, causal, H=12, D=64):

@@ -104,8 +104,8 @@ def child() -> dict:
     import numpy as np
     from numba import typeof
 
-    import kernels
-    from kernels.numba_cpu import choose, forward
+    from attnbench import kernels
+    from attnbench.kernels.numba_cpu import choose, forward
 
     compiled = {}
     for dtype in (np.float32, np.float64):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.reference import forward as reference
 from attnbench.measure.grad_oracle import gradient_oracle, lse_rounding, row_dot_rounding
 from attnbench.measure.oracle import tolerance
-from kernels.reference import forward as reference
 
 from .support import COMPARISONS, max_error
 

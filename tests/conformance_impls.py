@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 
 
 def _reference(q, k, v, **kwargs):

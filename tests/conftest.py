@@ -29,7 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attnbench"))
 def _numba_backend_on_its_blas_tiles(monkeypatch):
     """Every test sees the numba backend's BLAS tile path and never plans, whatever this
     machine stored: the tests of the micro-kernel dispatch set the choice themselves."""
-    from kernels.numba_cpu import planner as _microplan
+    from attnbench.kernels.numba_cpu import planner as _microplan
 
     not_planned = {d: _microplan.NOT_PLANNED for d in _microplan._DTYPES}
     monkeypatch.setattr(_microplan, "_CHOICES", not_planned)

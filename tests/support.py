@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.reference import forward as reference
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, oracle_runs, tolerance
 from attnbench.measure.problems import ProblemSpec, make_inputs  # noqa: F401 (re-exported)
-from kernels.reference import forward as reference
 
 DTYPES = (np.float32, np.float64)
 
@@ -129,7 +129,7 @@ def ptx_of_kernels(module: str) -> dict:
     architecture, has an entry point, and its lines with a ``.f64`` instruction."""
     return run_ptx_script(f"""
 import importlib
-module = importlib.import_module("kernels.{module}")
+module = importlib.import_module("attnbench.kernels.{module}")
 result = {{}}
 for cc in [(8, 0), (9, 0)]:
     for name, ptx in module.compile_ptx_all(cc).items():
@@ -146,8 +146,8 @@ def small_cuda_tiles(request, monkeypatch, compile_only=()) -> None:
     """What the cuda test files' autouse fixtures do: skip a test where the cuda backend
     cannot run (unless its name is in ``compile_only``: it only compiles to PTX), and give
     the kernels 4-thread blocks and 4-key tiles (the simulator runs a thread per thread)."""
-    from kernels import _dispatch
-    from kernels.cuda import launch
+    from attnbench.kernels import _dispatch
+    from attnbench.kernels.cuda import launch
 
     usable, why = _dispatch.cuda_status()
     if not usable and request.node.originalname not in compile_only:

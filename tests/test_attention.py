@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu import config
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -128,7 +128,7 @@ def test_layouts_of_any_rank(backend, q_shape, kv_shape):
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_empty_sequences(backend):
     """L = 0 gives empty outputs; Lk = 0 gives zeros (no query sees a key)."""
-    import kernels
+    from attnbench import kernels
 
     q = np.ones((2, 3, 0, 4), np.float32)
     k = v = np.ones((2, 3, 5, 4), np.float32)
@@ -144,7 +144,7 @@ def test_empty_sequences(backend):
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_non_contiguous_inputs(backend):
     """Transposed or strided views give the same result as their contiguous copies."""
-    import kernels
+    from attnbench import kernels
 
     rng = np.random.default_rng(2)
     base = rng.standard_normal((2, 9, 3, 16)).astype(np.float32)
@@ -159,7 +159,7 @@ def test_non_contiguous_inputs(backend):
 
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_fully_masked_rows_are_zero_not_nan(backend):
-    import kernels
+    from attnbench import kernels
 
     q = k = v = np.ones((1, 2, 4, 8), np.float64)
     mask = np.zeros((4, 4), bool)
@@ -173,7 +173,7 @@ def test_fully_masked_rows_are_zero_not_nan(backend):
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_nan_at_a_visible_position_propagates(backend):
     """NaN where a query can see it is not silently dropped: that row becomes NaN."""
-    import kernels
+    from attnbench import kernels
 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 1, 6, 4)) for _ in range(3))

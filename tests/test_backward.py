@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels._dropout import keep_mask
-from kernels.numba_cpu import backward as numba_backward
-from kernels.numba_cpu import config
+from attnbench import kernels
+from attnbench.kernels._dropout import keep_mask
+from attnbench.kernels.numba_cpu import backward as numba_backward
+from attnbench.kernels.numba_cpu import config
 
 from .backward_support import (
     assert_gradients_match,

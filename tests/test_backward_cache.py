@@ -21,9 +21,9 @@ from .support import REPO
 SCRIPT = """
 import json, sys
 import numpy as np
-import kernels
-from kernels import mods
-from kernels.numba_cpu import backward as numba_backward
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.numba_cpu import backward as numba_backward
 rng = np.random.default_rng(0)
 q, k, v, dout = (rng.standard_normal((1, 2, 9, 4)).astype(np.float32) for _ in range(4))
 def backward(**kwargs):  # the forward by the reference: only the backward is compiled

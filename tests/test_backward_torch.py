@@ -7,7 +7,7 @@ where every row sees a key (PyTorch gives NaN otherwise), is_causal, scale, GQA.
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.oracle import tolerance
 
 from .backward_support import backward_oracle, make_dout

@@ -109,7 +109,7 @@ def bench_args(argv):
 def test_gemm_floor_runs_the_kernels_products():
     """The floor's last P · V tile equals the same product done by NumPy."""
     from attnbench.bench.gemm_floor import measurable, tile_gemms
-    from kernels.numba_cpu import config
+    from attnbench.kernels.numba_cpu import config
 
     rng = np.random.default_rng(1)
     L, Lk = 200, config.BLOCK_K + 30  # a full key tile and a ragged one

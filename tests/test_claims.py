@@ -5,7 +5,7 @@ which depend on machine load)."""
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.claims import attention as checks_attention
 from attnbench.claims import cost as checks_cost
 from attnbench.claims import ledger as claims

@@ -13,9 +13,9 @@ import numba
 import numpy as np
 import pytest
 
-import kernels
-from kernels._jit import launch as jit_launch
-from kernels.numba_cpu import config
+from attnbench import kernels
+from attnbench.kernels._jit import launch as jit_launch
+from attnbench.kernels.numba_cpu import config
 
 
 def _problems(n):

@@ -91,7 +91,7 @@ def test_the_reference_passes_everything_including_gradients():
 
 
 def _reference_backward(q, k, v, dout, **kwargs):
-    import kernels
+    from attnbench import kernels
 
     return kernels.attention_backward(q, k, v, dout, backend="reference", **kwargs)
 

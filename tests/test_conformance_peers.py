@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.config import BenchConfig
 from attnbench.bench.sections import compare_section
 from attnbench.cli import main

@@ -155,7 +155,7 @@ def test_a_journaled_serial_executor_runs_here(tmp_path):
 
 
 def test_the_default_workload_runs_the_fused_kernel_on_the_threads_asked_for(monkeypatch):
-    import kernels
+    from attnbench import kernels
 
     seen = []
     call = cores_module._fused_kernel_workload(1)

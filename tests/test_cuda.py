@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-import kernels  # noqa: E402
-from kernels import _dispatch as _backends  # noqa: E402
-from kernels._dropout import keep_mask  # noqa: E402
-from kernels.cuda import launch as cuda_backend  # noqa: E402
+from attnbench import kernels  # noqa: E402
+from attnbench.kernels import _dispatch as _backends  # noqa: E402
+from attnbench.kernels._dropout import keep_mask  # noqa: E402
+from attnbench.kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .support import (  # noqa: E402
     DTYPES,

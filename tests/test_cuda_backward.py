@@ -15,8 +15,8 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install att
 import numba  # noqa: E402
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it while a kernel runs)
 
-import kernels  # noqa: E402
-from kernels.cuda import device as cuda_device  # noqa: E402
+from attnbench import kernels  # noqa: E402
+from attnbench.kernels.cuda import device as cuda_device  # noqa: E402
 
 from .backward_support import (  # noqa: E402
     assert_gradients_match,

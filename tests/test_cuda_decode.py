@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from tests.support import ptx_of_kernels
 from tests.test_decode import _check_against_oracle, _decode_case
 

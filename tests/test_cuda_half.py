@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-import kernels  # noqa: E402
-from kernels.cuda import launch as cuda_backend  # noqa: E402
+from attnbench import kernels  # noqa: E402
+from attnbench.kernels.cuda import launch as cuda_backend  # noqa: E402
 
 from .backward_support import assert_gradients_match, make_dout  # noqa: E402
 from .support import (  # noqa: E402
@@ -236,8 +236,8 @@ def test_cuda_half_decode_agrees_with_numba_and_takes_sinks(dtype):
 
 def test_ptx_half_kernels_have_no_float64_instruction():
     result = run_ptx_script("""
-from kernels._dtypes import HALF_DTYPES
-from kernels.cuda import backward, decode, source
+from attnbench.kernels._dtypes import HALF_DTYPES
+from attnbench.kernels.cuda import backward, decode, source
 result = {}
 for module in (source, backward, decode):
     for name, ptx in module.compile_ptx_all((8, 0), HALF_DTYPES).items():

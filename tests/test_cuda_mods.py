@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-import kernels  # noqa: E402
-from kernels import mods  # noqa: E402
+from attnbench import kernels  # noqa: E402
+from attnbench.kernels import mods  # noqa: E402
 
 from .backward_support import assert_gradients_match, assert_lse_matches  # noqa: E402
 from .support import DTYPES, assert_matches_reference, run_ptx_script, small_cuda_tiles  # noqa: E402
@@ -165,10 +165,10 @@ def test_exception_inside_a_function_names_it():
 
 _PTX_SCRIPT = """
 import numpy as np
-import kernels
-from kernels import mods
-from kernels.cuda import backward as cuda_backward
-from kernels.cuda import mods as _cuda_mods
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.cuda import backward as cuda_backward
+from attnbench.kernels.cuda import mods as _cuda_mods
 
 def stripes(b, h, q_idx, kv_idx, period):
     return (q_idx - kv_idx) % period[0] != 1

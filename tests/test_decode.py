@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels._decode_validate import check_decode_args
 from attnbench.measure.oracle import decode_oracle, max_abs_error, tolerance
-from kernels import mods
-from kernels._decode_validate import check_decode_args
 from tests.support import COMPARISONS
 
 D, DV = 24, 16
@@ -175,7 +175,7 @@ def test_splits_agree_and_repeat_bit_for_bit(num_splits):
 def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, which, dtype):
     """A paged cache with short runs is read a page at a time for every key/value head
     together (decode_plan.heads_per_task); each head's arithmetic is the one it has alone."""
-    from kernels.numba_cpu import decode_plan
+    from attnbench.kernels.numba_cpu import decode_plan
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     rng = np.random.default_rng(11)
     q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 3, 400, 0, 8, 4, 16, dtype,

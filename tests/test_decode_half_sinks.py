@@ -20,8 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import kernels
-from kernels import mods
+from attnbench import kernels
+from attnbench.kernels import mods
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from numba import njit
 
-import kernels
-from kernels import mods
-from kernels.numba_cpu.block_products import block_dots
-from kernels.numba_cpu.decode_products import VALUE_RUN_BYTES, chunk_values
-from kernels.numba_cpu.products import row_dots
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.numba_cpu.block_products import block_dots
+from attnbench.kernels.numba_cpu.decode_products import VALUE_RUN_BYTES, chunk_values
+from attnbench.kernels.numba_cpu.products import row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 

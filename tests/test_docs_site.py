@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import kernels
-from kernels import mods
+from attnbench import kernels
+from attnbench.kernels import mods
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "docs" / "_ext"))

@@ -8,8 +8,8 @@ output is the drop pattern.
 import numpy as np
 import pytest
 
-import kernels
-from kernels import _dropout
+from attnbench import kernels
+from attnbench.kernels import _dropout
 
 P = 0.3
 

@@ -28,10 +28,10 @@ import pandas as pd
 import pytest
 
 from attnbench.cli import main
+from attnbench.kernels import has_real_gpu
 from attnbench.sweep.agreement import DTYPES as AGREEMENT_DTYPES
 from attnbench.sweep.agreement import MASK_KINDS, select_backends
 from attnbench.sweep.grid import GRIDS, expand
-from kernels import has_real_gpu
 from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
@@ -62,7 +62,8 @@ RUN_SCRIPT = """
 import sys
 from attnbench.cli import main
 status = main(sys.argv[1:])
-print("kernels.cuda.launch imported:", "kernels.cuda.launch" in sys.modules, flush=True)
+print("kernels.cuda.launch imported:", "attnbench.kernels.cuda.launch" in sys.modules,
+      flush=True)
 sys.exit(status)
 """
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.flops import (
     attention_flops,
     backward_flops,

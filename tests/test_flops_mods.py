@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import mods
 from attnbench.measure.flops import backward_flops, flops_of_problem, visible_pairs
-from kernels import mods
 
 
 def _same_parity(b, h, q_idx, kv_idx):  # a user function: the general path

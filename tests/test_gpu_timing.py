@@ -20,10 +20,10 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
+from attnbench.kernels import _dispatch as _backends  # noqa: E402
 from attnbench.measure import gpu_device, gpu_timing  # noqa: E402
 from attnbench.sweep.grid import Point  # noqa: E402
 from attnbench.sweep.runner import PointRunner, make_inputs  # noqa: E402
-from kernels import _dispatch as _backends  # noqa: E402
 
 from .support import REPO, run_ptx_script  # noqa: E402
 
@@ -135,7 +135,7 @@ def test_importing_gpu_timing_does_not_import_numba_cuda():
 def test_prepare_launch_launches_again_without_copies():
     from numba import cuda
 
-    from kernels.cuda import launch as cuda_backend
+    from attnbench.kernels.cuda import launch as cuda_backend
 
     q, k, v, kwargs = make_inputs(Point("cuda", 9, 3, 2, 1, 2, "bool", "float32"))
     q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))

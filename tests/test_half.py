@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels.numba_cpu import config
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import config
 
 from .backward_support import assert_gradients_match, make_dout
 from .support import REPO, Case, assert_matches_reference, make_inputs, max_error, oracle
@@ -256,8 +256,9 @@ def test_bad_dtypes_name_the_argument(name, arrays, words):
 def test_without_ml_dtypes_bfloat16_is_unavailable_and_float16_works():
     code = (
         "import sys; sys.modules['ml_dtypes'] = None\n"
-        "import numpy as np, kernels\n"
-        "from kernels import _dtypes\n"
+        "import numpy as np\n"
+        "from attnbench import kernels\n"
+        "from attnbench.kernels import _dtypes\n"
         "q = np.ones((2, 3, 4), np.float16)\n"
         "assert kernels.attention(q, q, q, backend='numba').dtype == np.float16\n"
         "try:\n"
@@ -363,8 +364,8 @@ def test_rounding_to_half_bits_compiles_without_numba_warnings(bits):
     from numba import njit
     from numba.core.errors import NumbaWarning
 
-    from kernels._jit.math import FASTMATH
-    from kernels.numba_cpu.backward_tiles import store_key_block
+    from attnbench.kernels._jit.math import FASTMATH
+    from attnbench.kernels.numba_cpu.backward_tiles import store_key_block
 
     # the backward's dk and dv stores, compiled here whatever Numba's cache holds
     store = njit(fastmath=FASTMATH)(store_key_block.py_func)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._jit import isa
 from attnbench.measure.machine import machine_record, summary_lines
-from kernels._jit import isa
 
 ROOT = Path(__file__).resolve().parents[1]
 

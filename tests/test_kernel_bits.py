@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels.numba_cpu.products import SUM_LANES, ordered_sum
+from attnbench.kernels.numba_cpu.products import SUM_LANES, ordered_sum
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,8 +78,8 @@ def test_ordered_sum_takes_only_contiguous_vectors_of_floats():
 SCENARIO = """
 import sys
 import numpy as np
-import kernels
-from kernels.numba_cpu import micro, planner
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import micro, planner
 from tests.test_varlen import _packed
 from tests.test_varlen_micro import _dense_alone
 block = micro.CONFIGS[np.dtype(np.float32)][0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 
 
 @pytest.mark.parametrize("page_size", [None, 4])

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import kernels
-from kernels import mods
+from attnbench import kernels
+from attnbench.kernels import mods
 from tests.import_graph import cycles, import_graph, imports, modules
 
 PACKAGE = Path(kernels.__file__).resolve().parent
@@ -175,7 +175,7 @@ def test_package_faces_define_nothing(name):
 
 
 def test_import_kernels_imports_neither_numba_nor_llvmlite():
-    code = ("import sys, kernels, kernels.mods\n"
+    code = ("import sys, kernels, kernels.mods, attnbench.kernels.mods\n"
             "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

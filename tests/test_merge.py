@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._dtypes import HALF_DTYPES
 from attnbench.measure.oracle import max_abs_error, tolerance
-from kernels._dtypes import HALF_DTYPES
 from tests.support import COMPARISONS, oracle
 
 SETTINGS = settings(max_examples=30, deadline=None,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import kernels
-from kernels import multihead as reference
+from attnbench import kernels
+from attnbench.kernels import multihead as reference
 
 # (d_model, n_heads, n_kv_heads, bias, expected count from the formula)
 CONFIGS = [

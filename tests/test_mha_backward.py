@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 
 
 def _layer_and_input(dtype=np.float64, n_kv_heads=2, bias=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 
 LENGTHS = [5, 0, 9, 3]
 

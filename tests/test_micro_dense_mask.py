@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.mods import dense_mask
+from attnbench.kernels.numba_cpu import choose, micro_mods
 from attnbench.measure.oracle import tolerance
-from kernels.mods import dense_mask
-from kernels.numba_cpu import choose, micro_mods
 
 from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle
 
@@ -171,7 +171,7 @@ def test_mods_stand_for_the_mask():
 def test_the_cell_table_never_says_empty_or_full_wrongly():
     """The tile classification (a table of 16 x 16 cells) on random blocks: EMPTY only if no
     pair is visible, FULL only if all are; exact on blocks of whole cells."""
-    from kernels.mods.cells import EMPTY, FULL, PARTIAL
+    from attnbench.kernels.mods.cells import EMPTY, FULL, PARTIAL
 
     rng = np.random.default_rng(6)
     for mask in (_blocky(rng, (B, H, LQ, LK)), _bool_masks()["padding (B, 1, 1, Lk)"],

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.numba_cpu import choose, config, micro, micro_mods
+from attnbench.kernels.numba_cpu import planner as _microplan
 from attnbench.measure.oracle import tolerance
-from kernels import mods
-from kernels.numba_cpu import choose, config, micro, micro_mods
-from kernels.numba_cpu import planner as _microplan
 
 from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle
 from .test_mods import _documents

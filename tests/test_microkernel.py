@@ -17,10 +17,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from attnbench.kernels._dtypes import is_half
+from attnbench.kernels.numba_cpu import micro as mk
+from attnbench.kernels.numba_cpu.products import tile_product
 from attnbench.measure.oracle import tolerance
-from kernels._dtypes import is_half
-from kernels.numba_cpu import micro as mk
-from kernels.numba_cpu.products import tile_product
 
 from .support import COMPARISONS, max_error, oracle
 
@@ -143,8 +143,8 @@ def test_tile_product_is_a_register_block():
 @pytest.mark.parametrize("dtype, config", CONFIGS)
 def test_lse_as_the_numba_backend(dtype, config):
     """``run`` gives the log-sum-exp the numba backend's return_lse gives (-inf: no key)."""
-    import kernels
-    from kernels.numba_cpu import choose
+    from attnbench import kernels
+    from attnbench.kernels.numba_cpu import choose
 
     q, k, v = _inputs(dtype, 2, 2, 2, 21, 45, 4, 3)
     problem = kernels.prepare(q, k, v, causal="bottom-right", key_lengths=[0, 40])
@@ -157,7 +157,7 @@ def test_lse_as_the_numba_backend(dtype, config):
 
 
 def test_rejects_what_it_does_not_support():
-    import kernels
+    from attnbench import kernels
 
     q, k, v = _inputs(np.float32, 1, 1, 1, 4, 4, 2, 2)
     problem = kernels.prepare(q, k, v, mask=np.ones((4, 4), bool))

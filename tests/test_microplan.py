@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from numba.core import config as numba_config
 
-from kernels import stats
-from kernels.numba_cpu import planner as mp
+from attnbench.kernels import stats
+from attnbench.kernels.numba_cpu import planner as mp
 
 F32 = np.dtype(np.float32)
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
-from kernels import mods
-from kernels.numba_cpu import choose, config
-from kernels.numba_cpu import forward as _numba_mods
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.numba_cpu import choose, config
+from attnbench.kernels.numba_cpu import forward as _numba_mods
 
 from .support import DTYPES, assert_matches_reference, max_error, oracle, tolerance
 
@@ -387,7 +387,7 @@ def test_bad_functions_fail_before_any_work(kwargs, error, match, backend, monke
         raise AssertionError("a kernel ran")
 
     monkeypatch.setattr(choose, "run", no_kernel)
-    from kernels.reference import forward as reference
+    from attnbench.kernels.reference import forward as reference
     monkeypatch.setattr(reference, "run", no_kernel)
     with pytest.raises(error, match=match):
         kernels.attention(q, k, v, backend=backend, **kwargs)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
-from kernels import mods
-from kernels.numba_cpu import config
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.numba_cpu import config
 
 from .backward_support import (
     assert_gradients_match,

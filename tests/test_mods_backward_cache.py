@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from numba import types
 
-from kernels import mods
-from kernels._validate import check_attention_args, check_mods
-from kernels.mods import cache as _mods_cache
-from kernels.numba_cpu import backward as numba_backward
-from kernels.numba_cpu import config
-from kernels.numba_cpu import mods as _numba_mods_backward
+from attnbench.kernels import mods
+from attnbench.kernels._validate import check_attention_args, check_mods
+from attnbench.kernels.mods import cache as _mods_cache
+from attnbench.kernels.numba_cpu import backward as numba_backward
+from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu import mods as _numba_mods_backward
 
 from .backward_support import assert_gradients_match
 

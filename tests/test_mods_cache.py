@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from numba import njit, types
 
-from kernels import mods
-from kernels.mods import cache as _mods_cache
-from kernels.numba_cpu import config
-from kernels.numba_cpu import forward as _numba_mods
+from attnbench.kernels import mods
+from attnbench.kernels.mods import cache as _mods_cache
+from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu import forward as _numba_mods
 
 from .support import REPO, assert_matches_reference
 
@@ -107,12 +107,12 @@ def test_a_cached_fn_compiles_to_its_dispatchers_code():
 _SECOND_PROCESS = """
 import json
 import numpy as np
-import kernels
-from kernels import mods
-from kernels.mods import dense as _mods_dense
-from kernels.numba_cpu import config
-from kernels.numba_cpu import forward as _numba_mods
-from kernels.numba_cpu import mods as _numba_cpu_mods
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.mods import dense as _mods_dense
+from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu import forward as _numba_mods
+from attnbench.kernels.numba_cpu import mods as _numba_cpu_mods
 config.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))

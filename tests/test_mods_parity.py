@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 import pytest
 
-import kernels
-from kernels import mods
+from attnbench import kernels
+from attnbench.kernels import mods
 
 from .backward_support import backward_oracle, make_dout
 from .support import oracle, tolerance

@@ -1,9 +1,9 @@
 """The package's Numba cache stamps (kernels/_numba_cache.py): an edit of a helper module
 that a cached kernel imports makes that kernel's cache entry stale."""
 
-from kernels._jit import cache as _numba_cache
-from kernels.numba_cpu import forward
-from kernels.numba_cpu import micro as _microkernel
+from attnbench.kernels._jit import cache as _numba_cache
+from attnbench.kernels.numba_cpu import forward
+from attnbench.kernels.numba_cpu import micro as _microkernel
 
 
 def _package(tmp_path, files):
@@ -89,7 +89,7 @@ def test_dependencies_follow_relative_imports_of_any_depth(monkeypatch, tmp_path
 _RUN_CACHED = """
 import sys
 from pathlib import Path
-from kernels._jit import cache as _numba_cache
+from attnbench.kernels._jit import cache as _numba_cache
 _numba_cache.PACKAGE_DIR = Path(sys.argv[1]).resolve() / "tinypkg"
 sys.path.insert(0, sys.argv[1])
 from tinypkg.cpu import kern

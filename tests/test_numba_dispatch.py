@@ -12,12 +12,12 @@ import numba
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import choose, config
+from attnbench.kernels.numba_cpu import micro as _microkernel
+from attnbench.kernels.numba_cpu import planner as _microplan
 from attnbench.measure.machine import machine_record, summary_lines
 from attnbench.measure.oracle import tolerance
-from kernels.numba_cpu import choose, config
-from kernels.numba_cpu import micro as _microkernel
-from kernels.numba_cpu import planner as _microplan
 
 from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle
 

@@ -21,9 +21,9 @@ import numba
 import numpy as np
 import pytest
 
-import kernels
-from kernels._jit import math as jit_math
-from kernels.numba_cpu import backward, config, forward
+from attnbench import kernels
+from attnbench.kernels._jit import math as jit_math
+from attnbench.kernels.numba_cpu import backward, config, forward
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 
@@ -215,7 +215,7 @@ def test_kernel_runs_without_scipy(tmp_path):
         "importlib.util.find_spec = lambda name, *a: None if name == 'scipy' else find(name, *a)\n"
         "sys.modules['scipy'] = None\n"
         "import numpy as np\n"
-        "from kernels.numba_cpu import config\n"
+        "from attnbench.kernels.numba_cpu import config\n"
         "assert not config.HAVE_BLAS\n"
         "from tests.support import Case, make_inputs, assert_matches_reference\n"
         "for causal in (False, True):\n"

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels._jit.isa import AVX2_TARGET
-from kernels.numba_cpu.decode_products import round_weights
-from kernels.numba_cpu.pair_products import (
+from attnbench.kernels._jit.isa import AVX2_TARGET
+from attnbench.kernels.numba_cpu.decode_products import round_weights
+from attnbench.kernels.numba_cpu.pair_products import (
     NATIVE,
     pair_block_dots,
     pair_row_dots,
@@ -242,7 +242,7 @@ def test_decode_on_the_pair_path_matches_the_oracle(H, Hkv, D, Dv, page_size, nu
 _REFUSED = """
 import numpy as np
 from numba import njit
-from kernels.numba_cpu.pair_products import NATIVE, pair_row_dots
+from attnbench.kernels.numba_cpu.pair_products import NATIVE, pair_row_dots
 assert not NATIVE
 @njit
 def dots(a, b, c):

@@ -2,7 +2,7 @@
 
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.studies import params
 
 # name, published total it must equal (exactly) or approach (relative tolerance)

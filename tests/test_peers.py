@@ -10,7 +10,7 @@ without torch).
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.measure import peers
 from attnbench.measure.problems import ProblemSpec, make_inputs
 

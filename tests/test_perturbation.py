@@ -11,8 +11,8 @@ with finite garbage.
 import numpy as np
 import pytest
 
-import kernels
-from kernels.numba_cpu import config
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import config
 
 GARBAGE = {"huge": 1e30, "nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 BACKENDS = ["numba", "numba-loops", "reference"]
@@ -27,7 +27,7 @@ def _tile_products(request, monkeypatch):
     if backend == "numba-loops":
         monkeypatch.setattr(config, "HAVE_BLAS", False)
     if backend == "numba-micro":
-        from kernels.numba_cpu import micro, planner
+        from attnbench.kernels.numba_cpu import micro, planner
 
         f32 = np.dtype(np.float32)
         monkeypatch.setitem(planner._CHOICES, f32, micro.CONFIGS[f32][0])
@@ -170,7 +170,7 @@ def test_keys_hidden_by_a_mask_mod_change_no_output_bit(backend, garbage, case, 
     kwargs = _mod_case(case, L, rng)
     micro = backend == "numba-micro"
     if micro:
-        from kernels.numba_cpu import choose
+        from attnbench.kernels.numba_cpu import choose
 
         assert choose.micro_block(kernels.prepare(q, k, v, **kwargs), None, None, None)
     else:  # the tile kernel (the micro-kernel has a parallel launcher only): serial, in

@@ -2,9 +2,9 @@
 
 import io
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels.numba_cpu import planner as _microplan
 from attnbench.measure.machine import plan_ahead
-from kernels.numba_cpu import planner as _microplan
 
 
 def test_plan_needed_follows_the_work_limit_and_the_stored_choice(monkeypatch):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
-from kernels import mods
-from kernels.reference import formulas as reference_mods
+from attnbench import kernels
+from attnbench.kernels import mods
+from attnbench.kernels.reference import formulas as reference_mods
 
 from .support import tolerance
 

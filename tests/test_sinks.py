@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._dtypes import as_dtype
+from attnbench.kernels.reference.backward import run_backward
 from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import oracle_dtype, tolerance
-from kernels._dtypes import as_dtype
-from kernels.reference.backward import run_backward
 
 from .support import COMPARISONS, Case, assert_matches_reference, make_inputs, max_error
 

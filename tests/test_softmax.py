@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import kernels
+from attnbench import kernels
 
 finite_rows = hnp.arrays(
     np.float64, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6),

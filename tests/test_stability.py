@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.studies import stability, stability_gradients
 
 

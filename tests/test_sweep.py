@@ -75,7 +75,7 @@ def test_peers_agree_with_kernels_on_every_mask_kind():
     for mask in ("none", "causal", "padding", "bool"):
         point = Point("numpy", 24, 8, 4, 2, 2, mask, "float64")
         q, k, v, kwargs = make_inputs(point)
-        import kernels
+        from attnbench import kernels
 
         expected = kernels.attention(q, k, v, backend="reference", **kwargs)
         assert np.allclose(peers.numpy_attention(q, k, v, **kwargs), expected, atol=1e-12)

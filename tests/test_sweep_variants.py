@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.sweep.calls import make_inputs

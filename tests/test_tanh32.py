@@ -8,7 +8,7 @@ the special values, so that a changed coefficient, clamp or order of evaluation 
 import numpy as np
 from numba import vectorize
 
-from kernels.mods.lowering import tanh_for
+from attnbench.kernels.mods.lowering import tanh_for
 
 TANH32 = tanh_for("cpu", np.float32)
 

@@ -8,7 +8,7 @@ key are left out of masks here: PyTorch returns NaN for them, attnbench returns 
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 
 from .support import oracle, tolerance
 

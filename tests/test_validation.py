@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import kernels
-from kernels import _dispatch as _backends
+from attnbench import kernels
+from attnbench.kernels import _dispatch as _backends
 
 F32 = np.float32
 Q = np.zeros((2, 4, 5, 8), F32)  # (B, H, Lq, D)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-import kernels.reference.forward
+from attnbench import kernels
+from attnbench.kernels.reference import forward as reference_forward
 from attnbench.measure.grad_oracle import gradient_oracle, lse_rounding, row_dot_rounding
 from attnbench.measure.oracle import oracle_dtype, oracle_runs, tolerance
 
@@ -68,9 +68,9 @@ def _assert_forward(q, k, v, cu_q, cu_k, backend, **kwargs):
         COMPARISONS.append((f"{backend}-varlen", np.dtype(q.dtype).name, err, tol))
         # lse: as tests/backward_support.assert_lse_matches, twice the forward's tolerance
         # from the lse in the input dtype; -inf where a row sees no key, in both.
-        lse_exact = kernels.reference.forward.run(problem, compute_dtype=oracle_dtype(q.dtype),
+        lse_exact = reference_forward.run(problem, compute_dtype=oracle_dtype(q.dtype),
                                                   keep_precision=True, return_lse=True)[2][b]
-        lse_plain = kernels.reference.forward.run(problem, compute_dtype=q.dtype,
+        lse_plain = reference_forward.run(problem, compute_dtype=q.dtype,
                                                   return_lse=True)[2][b]
         np.testing.assert_array_equal(np.isfinite(lse[:, rows]), np.isfinite(lse_exact))
         seen = np.isfinite(lse_exact)

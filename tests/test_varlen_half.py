@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
+from attnbench import kernels
 
 from .support import small_cuda_tiles
 from .test_varlen import _assert_backward, _assert_forward, _options, _packed

@@ -15,10 +15,10 @@ import numba
 import numpy as np
 import pytest
 
-import kernels
-from kernels._varlen_api import prepare_varlen
-from kernels.numba_cpu import micro, varlen, varlen_micro
-from kernels.numba_cpu import planner as _microplan
+from attnbench import kernels
+from attnbench.kernels._varlen_api import prepare_varlen
+from attnbench.kernels.numba_cpu import micro, varlen, varlen_micro
+from attnbench.kernels.numba_cpu import planner as _microplan
 
 from .test_varlen import LENGTHS, _assert_forward, _packed
 

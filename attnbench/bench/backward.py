@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.config import BenchConfig
 from attnbench.bench.sections import _inputs, _row, interval_timings
 from attnbench.measure import peers

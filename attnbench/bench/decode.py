@@ -29,7 +29,7 @@ from functools import partial
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.interval_targets import INCONCLUSIVE, _find, combine, interval_verdict
 from attnbench.bench.sections import _row, interval_timings
 from attnbench.measure import peers

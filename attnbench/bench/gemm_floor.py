@@ -21,9 +21,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-import kernels
-from kernels._jit import launch as jit_launch
-from kernels.numba_cpu import config, forward
+from attnbench import kernels
+from attnbench.kernels._jit import launch as jit_launch
+from attnbench.kernels.numba_cpu import config, forward
 
 __all__ = ["available", "measurable", "tile_gemms", "tile_gemms_call"]
 
@@ -85,7 +85,7 @@ def tile_gemms(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         floor models the parallel kernel.
     """
     if not available():
-        from kernels import BackendUnavailableError
+        from attnbench.kernels import BackendUnavailableError
 
         raise BackendUnavailableError("the tile GEMMs need SciPy's BLAS (and threadpoolctl)")
     problem = kernels.prepare(q, k, v)

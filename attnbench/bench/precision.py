@@ -29,15 +29,15 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.backward import _dout, numba_backward_call
 from attnbench.bench.config import BenchConfig
 from attnbench.bench.interval_targets import _find, _ratio_target
 from attnbench.bench.sections import _inputs, _row, interval_timings
+from attnbench.kernels._dtypes import as_dtype
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.intervals import format_samples
-from kernels._dtypes import as_dtype
 
 #: The dtypes of the prefill group (float32 first: the denominator of every ratio).
 PREFILL_DTYPES = ("float32", "bfloat16", "float16")

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.config import (
     COLUMNS,
     FLOOR,
@@ -294,7 +294,7 @@ _STARTUP_SCRIPT = """
 import json, time
 start = time.perf_counter()
 import numpy as np
-import kernels
+from attnbench import kernels
 imported = time.perf_counter()
 q = np.random.default_rng(0).standard_normal((1, 4, 512, 64)).astype(np.float32)
 kernels.attention(q, q, q, backend="numba")

@@ -28,13 +28,13 @@ from functools import partial
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.backward import _dout, numba_backward_call
 from attnbench.bench.config import BenchConfig
 from attnbench.bench.sections import _inputs, _row, interval_timings
+from attnbench.kernels import mods
 from attnbench.measure.flops import attention_flops, backward_flops, gflops
 from attnbench.measure.intervals import format_samples
-from kernels import mods
 
 #: ALiBi slopes of 12 heads (the geometric sequence of the ALiBi paper) and softcap's cap.
 ALIBI_SLOPES = 2.0 ** (-8.0 * np.arange(1, 13) / 12)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
 from attnbench.bench.interval_targets import _find, _ratio_target
 from attnbench.bench.sections import _row, interval_timings
 from attnbench.measure.flops import gflops

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
-from kernels import multihead
+from attnbench.kernels import multihead
 
 #: Article 001's one-block example: the embeddings of "I love this movie" (4 x 3).
 EXAMPLE_EMBEDDINGS = np.array([[1.0, 0.2, 0.1],   # I

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.claims.rules import (
     ABOUT_RELATIVE,
     CAVEAT,
@@ -35,6 +35,7 @@ from attnbench.claims.rules import (
     side,
     widen,
 )
+from attnbench.kernels import multihead
 from attnbench.measure.flops import attention_flops
 from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
@@ -47,7 +48,6 @@ from attnbench.studies.scaling import (
     lower_order_dominates,
     lower_term,
 )
-from kernels import multihead
 
 
 def _randn(rng, *shape):

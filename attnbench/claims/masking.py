@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.claims.attention import randn
 from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.claims.rules import CAVEAT, FAILS, HOLDS, Result, rounds_to
 from attnbench.studies import stability, stability_gradients
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.peer_formulas import torch_sdpa_arguments, visibility
 
 __all__ = ["ADAPTERS", "Unsupported", "make_adapter", "to_numpy"]

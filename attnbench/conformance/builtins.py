@@ -15,7 +15,7 @@ __all__: list[str] = []  # the names are module attributes built on access (_MAK
 
 
 def _kernels(backend: str) -> Implementation:
-    import kernels
+    from attnbench import kernels
 
     return Implementation(function=functools.partial(kernels.attention, backend=backend),
                           backward=functools.partial(kernels.attention_backward,

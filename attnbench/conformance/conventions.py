@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.conformance.capabilities import REFUSALS, describe_exception
 from attnbench.conformance.judge import expected, reference_output
 from attnbench.conformance.outcome import Check, Outcome

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.conformance.cases import CASES, GRADIENT_CASES, features, inputs
 from attnbench.conformance.judge import expected, judge
 from attnbench.conformance.outcome import Check, Outcome

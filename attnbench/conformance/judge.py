@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.conformance.outcome import Outcome
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
 

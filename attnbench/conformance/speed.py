@@ -21,7 +21,7 @@ import functools
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.conformance.outcome import Check, Outcome
 from attnbench.measure.cores import check_cores
 from attnbench.measure.flops import attention_flops

@@ -151,7 +151,7 @@ def _fused_kernel_workload(threads: int):
     import numba
     import numpy as np
 
-    import kernels
+    from attnbench import kernels
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 4 * threads, 384, 64), dtype=np.float32)

@@ -30,9 +30,9 @@ import numbers
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import mods
 from attnbench.measure.mask_pairs import mask_mod_pairs
-from kernels import mods
 
 __all__ = [
     "attention_flops",

@@ -41,7 +41,7 @@ FMA_CHAINS = 8
 
 def simulator() -> bool:
     """True if numba.cuda is Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM`` set)."""
-    from kernels import cuda_simulator_enabled
+    from attnbench.kernels import cuda_simulator_enabled
 
     return cuda_simulator_enabled()
 
@@ -49,7 +49,7 @@ def simulator() -> bool:
 def backend_status(backend: str, *, allow_simulator: bool = False) -> tuple[bool, str]:
     """``(usable, why)`` for a GPU backend of a sweep ("cuda" or "torch-cuda")."""
     if backend == "cuda":
-        from kernels import cuda_status, has_real_gpu
+        from attnbench.kernels import cuda_status, has_real_gpu
 
         usable, why = cuda_status()
         if not usable:

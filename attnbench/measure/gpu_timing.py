@@ -191,7 +191,7 @@ def time_attention(backend: str, q, k, v, kwargs: dict, *, max_time: float = 0.2
     out = download(synchronous=True)
     whole = None
     if host_call and backend == "cuda":
-        import kernels
+        from attnbench import kernels
 
         whole = measure(lambda: kernels.attention(q, k, v, backend="cuda", **kwargs),
                         warmup=1, repeat=5, min_repeat=1 if timer is None else 3,
@@ -213,7 +213,7 @@ def _cuda_parts(q, k, v, kwargs):
     """(upload, launch, download, device bytes) for kernels.cuda_backend."""
     from numba import cuda
 
-    from kernels.cuda import launch as cuda_backend
+    from attnbench.kernels.cuda import launch as cuda_backend
 
     q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))
 

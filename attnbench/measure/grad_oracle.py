@@ -21,10 +21,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from attnbench.kernels._dtypes import compute_dtype, eps, is_half
+from attnbench.kernels.reference import forward as reference_forward
+from attnbench.kernels.reference.backward import run_backward
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
-from kernels._dtypes import compute_dtype, eps, is_half
-from kernels.reference import forward as reference_forward
-from kernels.reference.backward import run_backward
 
 __all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding",
            "row_dot_rounding"]

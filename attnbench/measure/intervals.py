@@ -13,7 +13,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from kernels.stats import interval_rank
+from attnbench.kernels.stats import interval_rank
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "MIN_INTERVAL_SAMPLES", "format_samples",
            "median_interval", "paired_ratio_interval", "parse_samples", "ratio_interval"]

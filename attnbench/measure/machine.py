@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 from threadpoolctl import threadpool_info
 
-import kernels
+from attnbench import kernels
 from attnbench.measure import allocation
 from attnbench.measure.bandwidth import bandwidth_record
 from attnbench.measure.timing import measure

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kernels import mods
+from attnbench.kernels import mods
 
 __all__ = ["mask_mod_pairs"]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels._dtypes import compute_dtype, eps, is_half
-from kernels.reference import forward as reference
+from attnbench.kernels._dtypes import compute_dtype, eps, is_half
+from attnbench.kernels.reference import forward as reference
 
 __all__ = ["HALF_ULP_FLOOR", "ULP_FLOOR", "max_abs_error", "oracle", "oracle_dtype",
            "oracle_runs", "tolerance"]
@@ -177,7 +177,7 @@ def decode_oracle(problem):
     correctly rounded ones); for half inputs, in float32 with the scores, weights and
     output rounded to the half dtype, as for the dense call.
     """
-    from kernels.reference import decode
+    from attnbench.kernels.reference import decode
 
     wide = oracle_dtype(problem.dtype)
     exact = decode.run(problem, compute_dtype=wide, keep_precision=True)

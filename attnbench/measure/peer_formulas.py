@@ -15,7 +15,7 @@ import importlib.util
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 
 __all__ = ["UnsupportedByPeer", "numpy_attention", "torch_sdpa_arguments", "torch_status",
            "visibility"]

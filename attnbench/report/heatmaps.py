@@ -35,7 +35,7 @@ def heatmap_weights(sentence: str = SENTENCE, *, d_model: int = 16, n_pad: int =
     -------
     list of (title, tokens, weights (L, L))
     """
-    import kernels
+    from attnbench import kernels
 
     words = sentence.lower().split()
     padded = words + ["<pad>"] * n_pad

@@ -238,7 +238,7 @@ def cross_check_attention(config: ModelConfig, *, max_real: int = MAX_REAL_ATTEN
         return {"mha_parameters": None, "mha_matches": None,
                 "mha_check": f"not built: one layer's attention would take "
                              f"{megabytes:,.0f} MiB; counted from shapes only"}
-    import kernels
+    from attnbench import kernels
 
     layer = kernels.MultiHeadAttention(config.d_model, config.n_heads, config.kv_heads,
                                        bias=config.bias)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
 from attnbench.report.sections import Section
 from attnbench.studies.stability_gradients import (
     VANISHING_FRACTION,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
 
 __all__ = ["VANISHING_FRACTION", "gradient_figure", "gradient_study", "gradient_summary"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._dtypes import largest
 from attnbench.measure.oracle import max_abs_error, oracle
-from kernels._dtypes import largest
 
 __all__ = ["half_study"]
 

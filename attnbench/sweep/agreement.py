@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import available_backends, cuda_status, has_real_gpu
+from attnbench.kernels._dtypes import HALF_DTYPES
 from attnbench.measure import problems
 from attnbench.measure.flops import flops_of_problem, gflops
 from attnbench.measure.machine import (
@@ -45,8 +47,6 @@ from attnbench.measure.problems import (
     timing_threads,
 )
 from attnbench.measure.timing import default_probe, fault, measure
-from kernels import available_backends, cuda_status, has_real_gpu
-from kernels._dtypes import HALF_DTYPES
 
 __all__ = ["GRIDS", "MASK_KINDS", "agreement_table", "run_agreement", "select_backends"]
 

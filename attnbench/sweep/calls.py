@@ -21,7 +21,7 @@ import functools
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.measure import peers, problems
 from attnbench.measure.problems import ProblemSpec
 from attnbench.sweep import kinds

@@ -28,7 +28,8 @@ import functools
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._decode_validate import check_decode_args
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.measure.grad_oracle import gradient_oracle
@@ -36,7 +37,6 @@ from attnbench.measure.oracle import decode_oracle, oracle, tolerance
 from attnbench.measure.problems import SEED
 from attnbench.sweep.grid import Point, parse_variant
 from attnbench.sweep.variants import variant_kwargs
-from kernels._decode_validate import check_decode_args
 
 __all__ = ["DECODE_VARIANTS", "bytes_read", "make_call", "make_inputs", "oracle_of",
            "point_flops", "score_entries", "skip_reason", "varlen_lengths"]

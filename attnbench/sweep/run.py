@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.kernels._dtypes import compute_dtype
 from attnbench.measure.bandwidth import read_bandwidth_gbs
 from attnbench.measure.cores import CoreCheck, check_cores
 from attnbench.measure.machine import gemm_peak_gflops, machine_columns, plan_ahead
@@ -55,7 +56,6 @@ from attnbench.sweep.remeasure import (
     series_groups,
 )
 from attnbench.sweep.runner import COLUMNS, ORACLE_LIMIT, PointRunner, Row, make_inputs
-from kernels._dtypes import compute_dtype
 
 __all__ = ["PEAK_PROBES", "REMEASURE_SHARE", "SERIES_SHARE", "SweepResult", "points_summary",
            "run_sweep", "runs_here", "serial_executor"]

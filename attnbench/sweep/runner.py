@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-import kernels
+from attnbench import kernels
 from attnbench.measure import gpu_device, gpu_timing, peers
 from attnbench.measure.flops import gflops
 from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnbench.kernels import mods
 from attnbench.measure.peers import UnsupportedByPeer
 from attnbench.sweep.grid import parse_variant
-from kernels import mods
 
 __all__ = ["SOFTCAP", "alibi_slopes", "document_ids", "peer_kwargs", "sink_logits",
            "variant_kwargs", "window_size"]

@@ -78,22 +78,13 @@ def _bfloat_type():
 
 
 _BFLOAT = _bfloat_type()
-
-
 #: The instruction :func:`dot_pairs` emits where :data:`NATIVE`, and LLVM's name of it.
 NATIVE_INSTRUCTION = "vdpbf16ps (llvm.x86.avx512bf16.dpbf16ps.512)"
-
-
-def _native_dot_available() -> bool:
-    """Whether Numba's target has AVX512-BF16 and its LLVM takes ``<32 x bfloat>``
-    operands for ``vdpbf16ps`` (LLVM 17 and later)."""
-    return (llvm.llvm_version_info >= (17,) and _BFLOAT is not None
-            and isa.target().has("avx512bf16"))
-
-
-#: Whether the kernels use the ``vdpbf16ps`` instruction (else its emulation).  A
-#: module constant, so that Numba folds the choice and never compiles the other form.
-NATIVE = _native_dot_available()
+#: Whether the kernels use the instruction (else its emulation): where Numba's target has
+#: AVX512-BF16 and its LLVM (17 and later) takes ``<32 x bfloat>`` operands.  A module
+#: constant, so that Numba folds the choice and never compiles the other form.
+NATIVE = (llvm.llvm_version_info >= (17,) and _BFLOAT is not None
+          and isa.target().has("avx512bf16"))
 
 
 def dot_pairs(builder, acc, x, y, native):
@@ -108,9 +99,8 @@ def dot_pairs(builder, acc, x, y, native):
     if native:
         isa.require("avx512bf16", NATIVE_INSTRUCTION)
         if not NATIVE:  # the feature is there, but this LLVM or llvmlite cannot type it
-            raise NotImplementedError(
-                f"{NATIVE_INSTRUCTION} needs LLVM 17 or later and llvmlite's float base "
-                f"(LLVM {llvm.llvm_version_info}); compile the emulation instead")
+            raise NotImplementedError(f"{NATIVE_INSTRUCTION} needs LLVM 17 or later and "
+                                      f"llvmlite's float base; compile the emulation")
         bfv = ir.VectorType(_BFLOAT, 2 * LANES)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(f32v, [f32v, bfv, bfv]),

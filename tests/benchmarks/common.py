@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.flops import attention_flops
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
 from attnbench.sweep.grid import Point

@@ -4,7 +4,7 @@ import functools
 
 import pytest
 
-import kernels
+from attnbench import kernels
 from tests.benchmarks.common import GRID, problem, run_benchmark, shape_id
 
 #: Shapes per grid (ATTNBENCH_BENCH_GRID).

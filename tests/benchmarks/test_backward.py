@@ -11,10 +11,10 @@ tests' tolerance (:mod:`tests.backward_support`).
 
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._dispatch import has_real_gpu
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.measure.oracle import tolerance
-from kernels._dispatch import has_real_gpu
 from tests.backward_support import backward_oracle, lse_rounding, make_dout
 from tests.benchmarks.common import GRID, problem, shape_id, timed
 from tests.benchmarks.test_attention import MASKS, SHAPES

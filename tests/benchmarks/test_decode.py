@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels._decode_validate import check_decode_args
 from attnbench.measure.oracle import decode_oracle, max_abs_error, tolerance
-from kernels._decode_validate import check_decode_args
 from tests.benchmarks.common import GRID
 
 LENGTHS = {"tiny": [256, 1024], "small": [1024, 4096, 16384]}

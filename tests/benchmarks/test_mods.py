@@ -12,10 +12,10 @@ import functools
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
+from attnbench.kernels import mods
 from attnbench.measure.flops import attention_flops
 from attnbench.measure.oracle import max_abs_error, oracle, tolerance
-from kernels import mods
 from tests.benchmarks.common import GRID, problem, shape_id, timed
 from tests.benchmarks.test_attention import SHAPES
 

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-import kernels
+from attnbench import kernels
 from attnbench.measure.flops import backward_flops
 from attnbench.measure.oracle import tolerance
 from tests.backward_support import backward_oracle, lse_rounding, make_dout

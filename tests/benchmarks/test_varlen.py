@@ -11,7 +11,7 @@ tests/test_varlen.py's, under the oracle's tolerance).
 import numpy as np
 import pytest
 
-import kernels
+from attnbench import kernels
 from tests.benchmarks.common import GRID
 
 LENGTHS = {"tiny": [96, 48, 24, 12], "small": [1024, 512, 256, 128]}[GRID]
