@@ -119,3 +119,76 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     weights = weights / torch.where(total > 0, total, 1)
     picked = torch.where(visible[..., None], weights[..., None] * value[..., None, :, :], 0)
     return picked.sum(-2)  # (B, H, Lq, Dv)
+
+
+# --- cheats: correct on what a naive judge checks, each fooling it one way -----------------
+
+def ignores_scale(q, k, v, *, scale=None, **kwargs):
+    """Drops an explicit ``scale`` (always 1/sqrt(D))."""
+    return _reference(q, k, v, **kwargs)
+
+
+def zeroes_its_inputs(q, k, v, **kwargs):
+    """Correct, then zeroes q, k, v and the mask: a reference computed afterwards on the
+    same buffers would expect the zeros a lazy kernel returns."""
+    out = _reference(q, k, v, **kwargs)
+    for array in (q, k, v, kwargs.get("mask")):
+        if isinstance(array, np.ndarray):
+            array[...] = 0
+    return out
+
+
+def writes_into_q(q, k, v, **kwargs):
+    """Returns its output in q's buffer where the shapes allow (an output aliasing an
+    input)."""
+    out = _reference(q, k, v, **kwargs)
+    if out.shape == q.shape:
+        q[...] = out
+        return q
+    return out
+
+
+_BUFFERS: dict = {}
+
+
+def reuses_its_buffer(q, k, v, **kwargs):
+    """Writes every output of a shape into one buffer it keeps (a second call changes the
+    first call's output)."""
+    out = _reference(q, k, v, **kwargs)
+    buffer = _BUFFERS.setdefault((out.shape, out.dtype.str), np.empty_like(out))
+    buffer[...] = out
+    return buffer
+
+
+_BY_SHAPE: dict = {}
+
+
+def caches_by_shape(q, k, v, **kwargs):
+    """Returns the first output it computed for the same shapes and keywords."""
+    key = (q.shape, k.shape, v.shape, q.dtype.str, repr(sorted(kwargs.items())))
+    if key not in _BY_SHAPE:
+        _BY_SHAPE[key] = _reference(q, k, v, **kwargs)
+    return _BY_SHAPE[key].copy()
+
+
+_BY_FINGERPRINT: dict = {}
+
+
+def caches_by_fingerprint(q, k, v, **kwargs):
+    """An output cache keyed on a light fingerprint: shapes, sums, first and last
+    elements of q, k and v."""
+    key = tuple((x.shape, float(x.sum()), float(x.flat[0]), float(x.flat[-1]))
+                for x in (q, k, v)) + (repr(sorted(kwargs.items())),)
+    if key not in _BY_FINGERPRINT:
+        _BY_FINGERPRINT[key] = _reference(q, k, v, **kwargs)
+    return _BY_FINGERPRINT[key].copy()
+
+
+_CALLS = [0]
+
+
+def drifts_after_calls(q, k, v, **kwargs):
+    """Correct for its first 40 calls, then a little off."""
+    _CALLS[0] += 1
+    out = _reference(q, k, v, **kwargs)
+    return out if _CALLS[0] <= 40 else (out * 1.01).astype(out.dtype)

@@ -45,6 +45,19 @@ BROKEN = [
                  id="float32-only"),
     pytest.param(impls.batch_dependent, "batch-invariance", "depends on its batch mates",
                  id="batch-dependent"),
+    # cheats (attnbench.conformance.integrity)
+    pytest.param(impls.ignores_scale, "agreement-float32", "scale argument is ignored",
+                 id="ignores-scale"),
+    pytest.param(impls.zeroes_its_inputs, "inputs-untouched", "wrote into its input(s) q, k, v",
+                 id="zeroes-its-inputs"),
+    pytest.param(impls.writes_into_q, "fresh-output", "shares memory with the input(s) q",
+                 id="writes-into-q"),
+    pytest.param(impls.reuses_its_buffer, "fresh-output", "first call's output buffer",
+                 id="reuses-its-buffer"),
+    pytest.param(impls.caches_by_shape, "no-cache", "new values in new arrays",
+                 id="caches-by-shape"),
+    pytest.param(impls.caches_by_fingerprint, "no-cache", "same shapes, sums, first and last",
+                 id="caches-by-fingerprint"),
 ]
 
 
@@ -60,7 +73,7 @@ def test_a_broken_implementation_fails_with_its_bug_named(function, failing, wor
 def test_the_noisy_one_passes_correctness_and_fails_only_determinism():
     results = battery(impls.noisy)
     for name, kind in PROPERTIES:
-        if kind == "correctness" and name != "gradients":
+        if kind == "correctness" and name not in ("gradients", "after-timing"):  # quick
             assert results[name]["status"] == "pass", results[name]
     assert results["thread-count"]["status"] == "fail"
 
@@ -164,3 +177,26 @@ def test_speed_section_times_beside_numba_and_fits_an_exponent(monkeypatch):
     assert all(p["gflops"] > 0 and p["ratio_to_numba"] > 0 for p in points)
     assert "GFLOP/s" in full["summary"] and "numba" in full["detail"]
     assert "thread" in full["detail"]  # the thread count the machine gave, said
+
+
+def test_an_implementation_that_drifts_after_many_calls_fails():
+    """Correct for its first 40 calls (the capability probes and the first checks), wrong
+    after: the check after many calls catches it, and so does the one after the speed
+    section (whose timed calls pass the 40 on their own)."""
+    impls._CALLS[0] = 0
+    results = battery(impls.drifts_after_calls, cases=["64-calls"])
+    assert results["after-many-calls"]["status"] == "fail"
+    assert "wrong on new values after 64 calls" in results["after-many-calls"]["detail"]
+
+
+def test_an_implementation_that_drifts_once_timed_fails_after_the_speed_section(monkeypatch):
+    from attnbench.conformance import integrity, speed
+
+    monkeypatch.setattr(speed, "LENGTHS", (32, 48, 64))
+    impls._CALLS[0] = 0
+    found = subject(impls.drifts_after_calls)
+    results = {p["name"]: p for p in run_checks(found, [speed.checks()[0],
+                                                        *integrity.after_timing_checks()])}
+    assert results["speed"]["status"] == "pass"
+    assert results["after-timing"]["status"] == "fail"
+    assert "after the speed section" in results["after-timing"]["detail"]

@@ -21,8 +21,11 @@ turns it into the implementation's call and its output back into NumPy ``(B, H, 
   (``jax_enable_x64`` is switched on).  Gradients by ``jax.vjp``; the log-sum-exp from
   ``return_residual=True``.
 
-Inputs are copied before every call: the code under test cannot alter the battery's
-arrays.  What a convention cannot express raises :class:`Unsupported`.
+Inputs are copied before every call, a mask and key lengths included: the code under test
+cannot alter the battery's arrays.  ``forward_watched`` also says which of the arrays the
+call received it changed and which of them its output shares memory with
+(:mod:`attnbench.conformance.integrity`).  What a convention cannot express raises
+:class:`Unsupported`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 from attnbench import kernels
 from attnbench.measure.peer_formulas import torch_sdpa_arguments, visibility
 
-__all__ = ["ADAPTERS", "Unsupported", "make_adapter", "to_numpy"]
+__all__ = ["ADAPTERS", "Unsupported", "Watched", "make_adapter", "to_numpy"]
 
 _KNOWN = {"causal", "mask", "key_lengths", "scale", "dropout_p", "seed"}
 
@@ -52,6 +55,26 @@ def _copies(*arrays):
     return tuple(np.array(a, copy=True) for a in arrays)
 
 
+def _copied_keywords(kwargs):
+    return {key: np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+            for key, value in kwargs.items()}
+
+
+class Watched:
+    """One call's output and what the call did to the arrays it was given."""
+
+    def __init__(self, given: dict, call):
+        """Run ``call()`` on the arrays ``given`` (name -> NumPy view of what the call
+        receives), noting their bytes before."""
+        before = {name: np.array(a, copy=True) for name, a in given.items()}
+        self.output = to_numpy(call())
+        #: the names of the arrays whose bytes (or shape) the call changed
+        self.changed = [name for name, a in given.items()
+                        if a.shape != before[name].shape or a.tobytes() != before[name].tobytes()]
+        #: the names of the arrays the output shares memory with
+        self.aliased = [name for name, a in given.items() if np.shares_memory(self.output, a)]
+
+
 class KernelsAdapter:
     """``kernels`` convention: NumPy in, NumPy out, :func:`kernels.attention`'s keywords."""
 
@@ -62,7 +85,14 @@ class KernelsAdapter:
         self.backward_function = implementation.backward
 
     def forward(self, q, k, v, kwargs):
-        return to_numpy(self.function(*_copies(q, k, v), **kwargs))
+        return to_numpy(self.function(*_copies(q, k, v), **_copied_keywords(kwargs)))
+
+    def forward_watched(self, q, k, v, kwargs) -> Watched:
+        arrays, keywords = _copies(q, k, v), _copied_keywords(kwargs)
+        given = {**dict(zip("qkv", arrays, strict=True)),
+                 **{key: value for key, value in keywords.items()
+                    if isinstance(value, np.ndarray)}}
+        return Watched(given, lambda: self.function(*arrays, **keywords))
 
     def forward_lse(self, q, k, v, kwargs):
         result = self.function(*_copies(q, k, v), return_lse=True, **kwargs)
@@ -96,7 +126,7 @@ class SdpaAdapter:
         self.function = implementation.function
 
     def _arguments(self, q, k, v, kwargs):
-        qt, kt, vt, sdpa = torch_sdpa_arguments(*_copies(q, k, v), kwargs)
+        qt, kt, vt, sdpa = torch_sdpa_arguments(*_copies(q, k, v), _copied_keywords(kwargs))
         sdpa = {key: value for key, value in sdpa.items()
                 if value is not None and value is not False}
         return (qt, kt, vt), sdpa
@@ -105,6 +135,18 @@ class SdpaAdapter:
         tensors, sdpa = self._arguments(q, k, v, kwargs)
         with self.torch.no_grad():
             return to_numpy(self.function(*tensors, **sdpa))
+
+    def forward_watched(self, q, k, v, kwargs) -> Watched:
+        tensors, sdpa = self._arguments(q, k, v, kwargs)
+        given = {name: t.numpy() for name, t in zip(("query", "key", "value"), tensors,
+                                                     strict=True)}
+        if sdpa.get("attn_mask") is not None:
+            given["attn_mask"] = sdpa["attn_mask"].numpy()
+
+        def call():
+            with self.torch.no_grad():
+                return self.function(*tensors, **sdpa)
+        return Watched(given, call)
 
     def forward_lse(self, q, k, v, kwargs):
         raise Unsupported("SDPA's signature returns no log-sum-exp")
@@ -178,6 +220,11 @@ class JaxAdapter:
     def forward(self, q, k, v, kwargs):
         tensors, arguments = self._arguments(q, k, v, kwargs)
         return np.swapaxes(to_numpy(self.function(*tensors, **arguments)), 1, 2)
+
+    def forward_watched(self, q, k, v, kwargs) -> Watched:
+        """jax arrays are immutable and never share the battery's memory: the output
+        alone is watched."""
+        return Watched({}, lambda: self.forward(q, k, v, kwargs))
 
     def forward_lse(self, q, k, v, kwargs):
         tensors, arguments = self._arguments(q, k, v, kwargs)

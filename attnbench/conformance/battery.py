@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from attnbench.conformance import conventions, correctness, determinism, speed
+from attnbench.conformance import conventions, correctness, determinism, integrity, speed
 from attnbench.conformance.capabilities import Subject, describe_exception
 from attnbench.conformance.outcome import Check, Outcome, summarize
 
@@ -12,10 +12,12 @@ __all__ = ["PROPERTIES", "all_checks", "property_order", "run_check", "run_check
 
 
 def all_checks(*, quick: bool = False) -> list[Check]:
-    """Every check: correctness, determinism, convention and (unless ``quick``) speed."""
-    found = correctness.checks() + determinism.checks() + conventions.checks()
+    """Every check: correctness (integrity included), determinism, convention and (unless
+    ``quick``) speed, then correctness again after the timing."""
+    found = (correctness.checks() + integrity.checks() + determinism.checks()
+             + conventions.checks())
     if not quick:
-        found += speed.checks()
+        found += speed.checks() + integrity.after_timing_checks()
     return found
 
 

@@ -62,6 +62,7 @@ CASES = (
     _case("padding", B=2, H=2, Lq=8, D=8, key_lengths="quarter"),
     _case("causal+key-lengths", B=3, H=2, Lq=10, D=8, causal=True, key_lengths="random"),
     _case("gqa+bool-mask", B=2, H=4, Hkv=1, Lq=7, Lk=12, D=8, mask="bool-shared"),
+    _case("scale", H=2, Lq=9, Lk=11, D=8, scale=0.3),  # an explicit scale, not 1/sqrt(D)
 )
 
 #: The gradient table (float32; "odd" in float64 too).

@@ -70,6 +70,10 @@ def _alternatives(q, k, v, kwargs):
               "missing", q, k, v, {**kwargs, "scale": 1.0}
         yield "the output matches attention with scale = 1/D instead of 1/sqrt(D)", \
             q, k, v, {**kwargs, "scale": 1.0 / D}
+    if kwargs.get("scale") is not None:
+        yield "the output matches attention with the default scale 1/sqrt(D): the scale " \
+              "argument is ignored", q, k, v, {key: value for key, value in kwargs.items()
+                                               if key != "scale"}
     without = {key: value for key, value in kwargs.items()}
     if kwargs.get("key_lengths") is not None:
         drop = {key: value for key, value in without.items() if key != "key_lengths"}

@@ -145,7 +145,10 @@ def _install() -> bool:
             return self._inner.get_cache_path()
 
         def get_source_stamp(self):
-            return (self._inner.get_source_stamp(), source_stamp(self._py_file))
+            # The package's import name too: an entry names the module its globals come
+            # from, so one written under another import name of the package is compiled
+            # again, not loaded.
+            return (self._inner.get_source_stamp(), source_stamp(self._py_file), __name__)
 
         def get_disambiguator(self):
             return self._inner.get_disambiguator()

@@ -1,0 +1,164 @@
+"""The properties a kernel that cheats fails: what evaluation harnesses have been fooled by.
+
+Each is a correctness property whose failure names what happened:
+
+- ``inputs-untouched``: every array the call receives (q, k, v, a mask, key lengths) is
+  bit-identical afterwards.  A kernel that zeroes its inputs can make a harness that
+  computes its reference afterwards, on the same buffers, expect the zeros it returns
+  (KernelBench's adversarial kernels).
+- ``fresh-output``: the output is a new buffer: it shares no memory with an input, and a
+  second call neither returns the first call's buffer nor writes into it (outputs picked
+  up from a buffer the harness freed, or one kept between calls).
+- ``no-cache``: new values give their own correct output: in new arrays of the same
+  shapes, and in arrays that differ from the last call's only where a light fingerprint
+  does not look (one element of k and of v changed, each with another that keeps its sum:
+  the same shapes, sums, first and last elements).  A result cached by identity, shape or
+  fingerprint fails (an agent-written kernel in FlashInfer-Bench's contest sped up by an
+  output cache keyed on a light fingerprint of its input).
+- ``after-many-calls``: correct on new values after :data:`MANY` calls (a kernel that is
+  correct for its first calls, then drifts: gpu-mode's exploits; llm.c PR 852).  The full
+  battery checks this again after its speed section (``after-timing``).
+
+The values are those of the battery's one input generator, from seeds of their own, with
+a non-zero mean and rows whose answer lies far from the mean of V, so that a constant, a
+mean or a no-op cannot pass.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from attnbench.conformance.cases import features, inputs
+from attnbench.conformance.judge import judge
+from attnbench.conformance.outcome import Check, Outcome
+from attnbench.measure.problems import ProblemSpec
+
+__all__ = ["MANY", "after_timing_checks", "checks"]
+
+#: Calls before the ``after-many-calls`` check.
+MANY = 64
+
+#: The problems: plain, and each way of hiding keys (the arrays a call receives differ).
+_PROBLEMS = (("plain", ProblemSpec(B=2, H=2, Lq=9, Lk=11, D=8)),
+             ("causal", ProblemSpec(B=2, H=2, Lq=9, D=8, causal=True)),
+             ("bool-mask", ProblemSpec(B=2, H=2, Lq=9, Lk=11, D=8, mask="bool-shared")),
+             ("float-mask", ProblemSpec(H=2, Lq=9, Lk=11, D=8, mask="float")),
+             ("key-lengths", ProblemSpec(B=3, H=2, Lq=9, Lk=12, D=8, key_lengths="random")))
+
+
+def _values(spec, seed):
+    """``q, k, v, kwargs`` of ``spec`` in float32 with a wrong answer made visible: values
+    with a non-zero mean and peaked rows (a few large logits), so that each output row
+    lies far from the mean of V."""
+    q, k, v, kwargs = inputs(spec, "float32", seed)
+    rng = np.random.default_rng(seed + 1)
+    v = (v + rng.uniform(1.0, 3.0, size=v.shape[:-2] + (1, v.shape[-1]))).astype(np.float32)
+    q = (q * rng.choice(np.float32([1.0, 4.0]), size=q.shape[:-1] + (1,))).astype(np.float32)
+    return q, k, v, kwargs
+
+
+def _named(names) -> str:
+    return ", ".join(names)
+
+
+def _inputs_untouched(spec, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, 101)
+    watched = subject.adapter.forward_watched(q, k, v, kwargs)
+    if watched.changed:
+        return Outcome("fail", f"the call wrote into its input(s) {_named(watched.changed)}: "
+                               "an implementation must not change its arguments")
+    return judge(watched.output, q, k, v, kwargs)
+
+
+def _fresh_output(spec, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, 102)
+    first = subject.adapter.forward_watched(q, k, v, kwargs)
+    if first.aliased:
+        return Outcome("fail", f"the output shares memory with the input(s) "
+                               f"{_named(first.aliased)}: it must be a new array")
+    kept = np.array(first.output, copy=True)
+    second = subject.adapter.forward_watched(q, k, v, kwargs)
+    if np.shares_memory(first.output, second.output):
+        return Outcome("fail", "the second call returned the first call's output buffer: "
+                               "an output buffer is reused across calls")
+    if first.output.tobytes() != kept.tobytes():
+        return Outcome("fail", "the second call wrote into the first call's output")
+    return judge(second.output, q, k, v, kwargs)
+
+
+def _fingerprint_twin(q, k, v, rng):
+    """``k, v`` changed in one element each, another element of each moved by as much the
+    other way: shapes, sums, first and last elements as before."""
+    k, v = k.copy(), v.copy()
+    for array in (k, v):
+        flat = array.reshape(-1)
+        i, j = rng.choice(np.arange(1, flat.size - 1), size=2, replace=False)
+        delta = np.float32(2.0 + abs(flat[i]))
+        flat[i] += delta
+        flat[j] -= delta
+    return q, k, v
+
+
+def _no_cache(spec, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, 103)
+    subject.adapter.forward(q, k, v, kwargs)
+    q2, k2, v2, _ = _values(spec, 104)
+    outcome = _judged_new(subject, q2, k2, v2, kwargs,
+                          "new values in new arrays of the same shapes gave a wrong output")
+    if outcome.status != "pass":
+        return outcome
+    q3, k3, v3 = _fingerprint_twin(q2, k2, v2, np.random.default_rng(105))
+    return _judged_new(subject, q3, k3, v3, kwargs,
+                       "values that differ from the last call's only in a few elements of k "
+                       "and v (the same shapes, sums, first and last elements) gave a wrong "
+                       "output")
+
+
+def _judged_new(subject, q, k, v, kwargs, what) -> Outcome:
+    out = subject.adapter.forward(q, k, v, kwargs)
+    outcome = judge(out, q, k, v, kwargs, diagnose_failure=False)
+    if outcome.status == "fail":
+        outcome.detail = f"{what} ({outcome.detail}): a result cached between calls?"
+    return outcome
+
+
+def _after_calls(spec, calls, what, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, 106)
+    for _ in range(calls):
+        subject.adapter.forward(q, k, v, kwargs)
+    q2, k2, v2, _ = _values(spec, 107)
+    out = subject.adapter.forward(q2, k2, v2, kwargs)
+    outcome = judge(out, q2, k2, v2, kwargs, diagnose_failure=False)
+    if outcome.status == "fail":
+        outcome.detail = f"wrong on new values {what} ({outcome.detail})"
+    return outcome
+
+
+def checks() -> list[Check]:
+    """Every integrity check, in report order (before the speed section)."""
+    found = []
+    for name, spec in _PROBLEMS:
+        needs = features(spec, "float32")
+        found.append(Check("inputs-untouched", "correctness", name,
+                           functools.partial(_inputs_untouched, spec), needs))
+    for name, spec in _PROBLEMS[:3]:
+        found.append(Check("fresh-output", "correctness", name,
+                           functools.partial(_fresh_output, spec), features(spec, "float32")))
+        found.append(Check("no-cache", "correctness", name,
+                           functools.partial(_no_cache, spec), features(spec, "float32")))
+    plain = _PROBLEMS[0][1]
+    found.append(Check("after-many-calls", "correctness", f"{MANY}-calls",
+                       functools.partial(_after_calls, plain, MANY,
+                                         f"after {MANY} calls on the same problem"),
+                       features(plain, "float32")))
+    return found
+
+
+def after_timing_checks() -> list[Check]:
+    """The check that follows the speed section: correct on new values after being timed."""
+    plain = _PROBLEMS[0][1]
+    return [Check("after-timing", "correctness", "after-speed",
+                  functools.partial(_after_calls, plain, 1, "after the speed section"),
+                  features(plain, "float32"))]
