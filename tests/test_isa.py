@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("", 128, 16, "sse"),
 ])
 def test_vector_registers_follow_the_enabled_features(features, bits, registers, name):
-    target = isa.Target("cpu", isa._parse_features(features), overridden=False)
+    target = isa.Target("cpu", isa._parse_features(features), features, overridden=False)
     assert (target.vector_bits, target.vector_registers, target.vector_isa) == (
         bits, registers, name)
     assert not target.has("avx512f") or bits == 512  # "-avx512f" disables, "+" enables

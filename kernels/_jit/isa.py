@@ -37,6 +37,8 @@ class Target:
         LLVM's CPU name (``"znver3"``, ``"haswell"``, ``"sapphirerapids"``).
     features : frozenset of str
         The features the target enables, without their ``+`` (``"avx2"``, ``"fma"``).
+    feature_string : str
+        LLVM's feature string as Numba passes it (``"+avx,+avx2,-avx512f,..."``).
     overridden : bool
         Whether ``NUMBA_CPU_NAME`` or ``NUMBA_CPU_FEATURES`` set the target (else it is
         the host).
@@ -44,6 +46,7 @@ class Target:
 
     cpu: str
     features: frozenset
+    feature_string: str
     overridden: bool
 
     def has(self, feature: str) -> bool:
@@ -97,7 +100,7 @@ def target() -> Target:
     features = (config.CPU_FEATURES if config.CPU_FEATURES is not None
                 else codegen.get_host_cpu_features())
     return Target(cpu=config.CPU_NAME or llvm.get_host_cpu_name(),
-                  features=_parse_features(features or ""),
+                  features=_parse_features(features or ""), feature_string=features or "",
                   overridden=config.CPU_NAME is not None or config.CPU_FEATURES is not None)
 
 

@@ -55,13 +55,10 @@ def locations() -> list[Path]:
 
 
 def machine_key(dtype) -> str:
-    """``cpu name|features|dtype``: Numba's target (its overrides first), and the dtype."""
-    from llvmlite import binding as llvm
-    from numba.core import config
-
-    name = config.CPU_NAME or llvm.get_host_cpu_name()
-    features = config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return f"{name}|{features}|{dtype}"
+    """``cpu name|features|dtype``: Numba's target (:func:`kernels._jit.isa.target`), and
+    the dtype."""
+    target = isa.target()
+    return f"{target.cpu}|{target.feature_string}|{dtype}"
 
 
 def _read(path: Path) -> dict:
