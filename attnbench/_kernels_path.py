@@ -18,7 +18,7 @@ from pathlib import Path
 __all__ = ["install"]
 
 _HERE = Path(__file__).resolve().parent
-#: The checkout's kernels: the folder beside this one (a file only attnbench's has).
+#: The checkout's kernels: the folder beside this one.
 SIBLING = _HERE.parent / "kernels"
 
 
@@ -33,7 +33,8 @@ class _CheckoutKernels(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Add the finder where this package has no ``kernels`` inside and a checkout's
-    kernels lie beside it; else do nothing."""
+    kernels lie beside it (a folder with ``_name.py``, which another package's ``kernels``
+    in the same site-packages lacks); else do nothing."""
     if (_HERE / "kernels").is_dir() or not (SIBLING / "_name.py").is_file():
         return
     if _CheckoutKernels not in sys.meta_path:

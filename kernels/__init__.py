@@ -36,7 +36,8 @@ The package, from the bottom up (imports run one way, upwards):
 - ``_dispatch.py``: the one table of backends, forward and backward;
 - ``_api.py``: :func:`attention`, :func:`attention_backward`, :func:`prepare`, planning;
 - ``mha.py``, ``multihead.py``, ``softmax.py``: built on the API;
-- this face: imports and ``__all__`` only.
+- this face: imports and ``__all__`` only; imported by the short name ``kernels``, it hands
+  that name to its owner instead (``_name.py``).
 """
 
 from __future__ import annotations
