@@ -88,7 +88,7 @@ def _fresh_output(spec, subject) -> Outcome:
     return judge(second.output, q, k, v, kwargs)
 
 
-def _fingerprint_twin(q, k, v, rng):
+def _fingerprint_twin(k, v, rng):
     """``k, v`` changed in one element each, another element of each moved by as much the
     other way: shapes, sums, first and last elements as before."""
     k, v = k.copy(), v.copy()
@@ -98,30 +98,32 @@ def _fingerprint_twin(q, k, v, rng):
         delta = np.float32(2.0 + abs(flat[i]))
         flat[i] += delta
         flat[j] -= delta
-    return q, k, v
+    return k, v
+
+
+def _judged(subject, q, k, v, kwargs, failure) -> Outcome:
+    """The subject's output of the problem judged; a failure's detail is ``failure`` with
+    the judge's detail in place of ``{}``."""
+    outcome = judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs,
+                    diagnose_failure=False)
+    if outcome.status == "fail":
+        outcome.detail = failure.format(outcome.detail)
+    return outcome
 
 
 def _no_cache(spec, subject) -> Outcome:
     q, k, v, kwargs = _values(spec, 103)
     subject.adapter.forward(q, k, v, kwargs)
     q2, k2, v2, _ = _values(spec, 104)
-    outcome = _judged_new(subject, q2, k2, v2, kwargs,
-                          "new values in new arrays of the same shapes gave a wrong output")
+    outcome = _judged(subject, q2, k2, v2, kwargs, "new values in new arrays of the same "
+                      "shapes gave a wrong output ({}): a result cached between calls?")
     if outcome.status != "pass":
         return outcome
-    q3, k3, v3 = _fingerprint_twin(q2, k2, v2, np.random.default_rng(105))
-    return _judged_new(subject, q3, k3, v3, kwargs,
-                       "values that differ from the last call's only in a few elements of k "
-                       "and v (the same shapes, sums, first and last elements) gave a wrong "
-                       "output")
-
-
-def _judged_new(subject, q, k, v, kwargs, what) -> Outcome:
-    out = subject.adapter.forward(q, k, v, kwargs)
-    outcome = judge(out, q, k, v, kwargs, diagnose_failure=False)
-    if outcome.status == "fail":
-        outcome.detail = f"{what} ({outcome.detail}): a result cached between calls?"
-    return outcome
+    k3, v3 = _fingerprint_twin(k2, v2, np.random.default_rng(105))
+    return _judged(subject, q2, k3, v3, kwargs,
+                   "values that differ from the last call's only in a few elements of k and v "
+                   "(the same shapes, sums, first and last elements) gave a wrong output "
+                   "({}): a result cached between calls?")
 
 
 def _after_calls(spec, calls, what, subject) -> Outcome:
@@ -129,11 +131,7 @@ def _after_calls(spec, calls, what, subject) -> Outcome:
     for _ in range(calls):
         subject.adapter.forward(q, k, v, kwargs)
     q2, k2, v2, _ = _values(spec, 107)
-    out = subject.adapter.forward(q2, k2, v2, kwargs)
-    outcome = judge(out, q2, k2, v2, kwargs, diagnose_failure=False)
-    if outcome.status == "fail":
-        outcome.detail = f"wrong on new values {what} ({outcome.detail})"
-    return outcome
+    return _judged(subject, q2, k2, v2, kwargs, f"wrong on new values {what} ({{}})")
 
 
 def checks() -> list[Check]:
