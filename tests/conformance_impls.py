@@ -192,3 +192,87 @@ def drifts_after_calls(q, k, v, **kwargs):
     _CALLS[0] += 1
     out = _reference(q, k, v, **kwargs)
     return out if _CALLS[0] <= 40 else (out * 1.01).astype(out.dtype)
+
+
+# --- cheats that work only where the judge shares the subject's process -----------------
+
+
+def _memorized():
+    """The named table's outputs under seed 0, by shapes and keywords (no values)."""
+    from attnbench.conformance.cases import CASES, DTYPES, case_seed, inputs
+
+    table = {}
+    for case in CASES:
+        for dtype in DTYPES:
+            q, k, v, kwargs = inputs(case.spec, dtype,
+                                     case_seed(0, "agreement", case.name, dtype))
+            table[_shape_key(q, k, v, kwargs)] = _reference(q, k, v, **kwargs)
+    return table
+
+
+def _shape_key(q, k, v, kwargs):
+    return (q.shape, k.shape, v.shape, q.dtype.str,
+            tuple(sorted((key, np.shape(value) if isinstance(value, np.ndarray) else
+                          repr(value)) for key, value in kwargs.items())))
+
+
+_TABLE: dict = {}
+
+
+def memorized_the_table(q, k, v, **kwargs):
+    """Answers the named cases from a table of their outputs under one seed (a lookup
+    table of a fixed battery's answers), and anything else with the mean of v."""
+    if not _TABLE:
+        _TABLE.update(_memorized())
+    found = _TABLE.get(_shape_key(q, k, v, kwargs))
+    if found is not None:
+        return found.copy()
+    group = q.shape[1] // k.shape[1]
+    mean = np.repeat(v.mean(axis=2, keepdims=True), group, axis=1)  # (B, H, 1, Dv)
+    return np.broadcast_to(mean, (*q.shape[:-1], v.shape[-1])).astype(q.dtype)
+
+
+def fishes_for_the_answer(q, k, v, **kwargs):
+    """Returns a float64 array of the output's shape found in its callers' local
+    variables that is none of its inputs (the expected output, where a harness computed
+    it in float64 before the call, in the same process), else zeros."""
+    import sys
+
+    shape = (*q.shape[:-1], v.shape[-1])
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, np.ndarray) and item.shape == shape \
+                        and item.dtype == np.float64 \
+                        and not any(np.array_equal(item, x) for x in (q, k, v)):
+                    return item.astype(q.dtype)
+        frame = frame.f_back
+    return np.zeros(shape, q.dtype)
+
+
+def patches_the_judge(q, k, v, **kwargs):
+    """Replaces the battery's judge, in its own process, by one that passes everything,
+    and returns zeros."""
+    from attnbench.conformance import correctness, integrity, judge
+    from attnbench.conformance.outcome import Outcome
+
+    def passes(*args, **keywords):
+        return Outcome("pass", max_error=0.0, tolerance=1.0)
+
+    for module in (correctness, integrity, judge):
+        module.judge = passes
+    return np.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
+
+
+def slows_the_clock(q, k, v, **kwargs):
+    """Makes the suite's timer, in its own process, read a clock 100 times slower (so its
+    calls, timed there, look 100 times faster); computes with the numba backend."""
+    from attnbench.measure import timing
+
+    defaults = timing.interleaved.__kwdefaults__
+    if not getattr(timing, "_slowed", False):
+        real = defaults["clock"]
+        defaults["clock"] = lambda: real() / 100
+        timing._slowed = True
+    return kernels.attention(q, k, v, backend="numba", **kwargs)

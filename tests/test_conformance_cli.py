@@ -31,9 +31,9 @@ def mixed_run(tmp_path_factory):
     os.environ["PYTHONPATH"] = str(REPO)  # module scope: set before the monkeypatch runs
     specs = ["reference", f"{IMPLS}:no_scaling", f"{IMPLS}:dies_on_long_rows",
              f"{IMPLS}:hangs", "no_such_module:attention", f"{IMPLS}:correct"]
-    # The hanging one costs the whole timeout.  Each other one took 2.1-2.7 s here, the
-    # same with an empty Numba cache (2026-12-04): 15 s leaves room for a loaded machine
-    # without taking a correct implementation for a hang.
+    # The hanging one costs the whole timeout.  Each other one (the reference backend
+    # underneath: nothing to compile) takes a few seconds: 15 s leaves room for a loaded
+    # machine without taking a correct implementation for a hang.
     status = main(["conform", *specs, "--quick", "--timeout", "15", "--json",
                    str(folder / "out.json"), "--out", str(folder / "page")])
     return status, json.loads((folder / "out.json").read_text()), folder

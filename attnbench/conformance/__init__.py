@@ -6,9 +6,12 @@ PyTorch's SDPA, JAX's ``dot_product_attention`` or a user's ``module:function`` 
 of three calling conventions (:mod:`~attnbench.conformance.adapters`):
 
 - correctness: agreement with the float64 oracle under the project's tolerance policy on
-  a case table (:mod:`~attnbench.conformance.cases`), hidden keys and values never read,
-  future tokens never seen, large logits, output shape and dtype, gradients
-  (:mod:`~attnbench.conformance.correctness`);
+  a named case table and on problems drawn from the run's seed
+  (:mod:`~attnbench.conformance.cases`), hidden keys and values never read, future tokens
+  never seen, large logits, output shape and dtype, gradients
+  (:mod:`~attnbench.conformance.correctness`); inputs untouched, a fresh output, no
+  result cached, correct after many calls and after being timed
+  (:mod:`~attnbench.conformance.integrity`);
 - determinism: repeated calls, thread counts, batch mates
   (:mod:`~attnbench.conformance.determinism`);
 - conventions, observed: fully masked rows, causal alignment, dropout, LSE, float64
@@ -18,10 +21,12 @@ of three calling conventions (:mod:`~attnbench.conformance.adapters`):
 
 Features an implementation refuses on a tiny valid problem make the checks needing them
 ``unsupported`` (:mod:`~attnbench.conformance.capabilities`).  The runner
-(:mod:`~attnbench.conformance.runner`) runs each implementation in its own subprocess
-(:mod:`~attnbench.conformance.worker`) with a time limit; :mod:`~attnbench.conformance.render`
-prints the matrix and writes the HTML page.  For a user's own test suite,
-:func:`pytest_cases` gives one ``pytest.param`` per (property, case)
+(:mod:`~attnbench.conformance.runner`) is the judge: it runs the battery in its own
+process, and each implementation's calls in a worker process
+(:mod:`~attnbench.conformance.worker`, through :mod:`~attnbench.conformance.remote`) with
+a time limit, the two exchanging plain data (:mod:`~attnbench.conformance.wire`);
+:mod:`~attnbench.conformance.render` prints the matrix and writes the HTML page.  For a
+user's own test suite, :func:`pytest_cases` gives one ``pytest.param`` per (property, case)
 (:mod:`~attnbench.conformance.testing`; see ``docs/conformance.md``).
 """
 

@@ -30,12 +30,15 @@ call received it changed and which of them its output shares memory with
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from attnbench import kernels
 from attnbench.measure.peer_formulas import torch_sdpa_arguments, visibility
+from attnbench.measure.problems import limit_threads
 
-__all__ = ["ADAPTERS", "Unsupported", "Watched", "make_adapter", "to_numpy"]
+__all__ = ["ADAPTERS", "Unsupported", "Watched", "make_adapter", "to_numpy", "watch"]
 
 _KNOWN = {"causal", "mask", "key_lengths", "scale", "dropout_p", "seed"}
 
@@ -63,19 +66,43 @@ def _copied_keywords(kwargs):
 class Watched:
     """One call's output and what the call did to the arrays it was given."""
 
-    def __init__(self, given: dict, call):
-        """Run ``call()`` on the arrays ``given`` (name -> NumPy view of what the call
-        receives), noting their bytes before."""
-        before = {name: np.array(a, copy=True) for name, a in given.items()}
-        self.output = to_numpy(call())
+    def __init__(self, output, changed=(), aliased=()):
+        self.output = output
         #: the names of the arrays whose bytes (or shape) the call changed
-        self.changed = [name for name, a in given.items()
-                        if a.shape != before[name].shape or a.tobytes() != before[name].tobytes()]
+        self.changed = list(changed)
         #: the names of the arrays the output shares memory with
-        self.aliased = [name for name, a in given.items() if np.shares_memory(self.output, a)]
+        self.aliased = list(aliased)
 
 
-class KernelsAdapter:
+def watch(given: dict, call) -> Watched:
+    """Run ``call()`` on the arrays ``given`` (name -> NumPy view of what the call
+    receives), noting their bytes before."""
+    before = {name: np.array(a, copy=True) for name, a in given.items()}
+    output = to_numpy(call())
+    return Watched(output,
+                   [name for name, a in given.items()
+                    if a.shape != before[name].shape or a.tobytes() != before[name].tobytes()],
+                   [name for name, a in given.items() if np.shares_memory(output, a)])
+
+
+class _InProcess:
+    """What every adapter of a function in this process shares: the thread limit of its
+    calls and its timed calls (:mod:`attnbench.conformance.remote` does both across the
+    process boundary)."""
+
+    def threads(self, n: int):
+        """A context in which the calls run on ``n`` threads."""
+        return limit_threads(n, torch=True)
+
+    def timed_calls(self, q, k, v, kwargs) -> dict:
+        """``{"impl": f, "numba": g}``: the implementation's call and the numba backend's
+        on the problem, as zero-argument callables for the timer."""
+        return {"impl": functools.partial(self.forward, q, k, v, kwargs),
+                "numba": functools.partial(kernels.attention, q, k, v, backend="numba",
+                                           **kwargs)}
+
+
+class KernelsAdapter(_InProcess):
     """``kernels`` convention: NumPy in, NumPy out, :func:`kernels.attention`'s keywords."""
 
     convention = "kernels"
@@ -92,7 +119,7 @@ class KernelsAdapter:
         given = {**dict(zip("qkv", arrays, strict=True)),
                  **{key: value for key, value in keywords.items()
                     if isinstance(value, np.ndarray)}}
-        return Watched(given, lambda: self.function(*arrays, **keywords))
+        return watch(given, lambda: self.function(*arrays, **keywords))
 
     def forward_lse(self, q, k, v, kwargs):
         result = self.function(*_copies(q, k, v), return_lse=True, **kwargs)
@@ -113,7 +140,7 @@ class KernelsAdapter:
         return self.forward(q, k, v, {"dropout_p": p, "seed": seed})
 
 
-class SdpaAdapter:
+class SdpaAdapter(_InProcess):
     """``sdpa`` convention: ``scaled_dot_product_attention(query, key, value, attn_mask,
     dropout_p, is_causal, scale, enable_gqa)`` on torch tensors."""
 
@@ -146,7 +173,7 @@ class SdpaAdapter:
         def call():
             with self.torch.no_grad():
                 return self.function(*tensors, **sdpa)
-        return Watched(given, call)
+        return watch(given, call)
 
     def forward_lse(self, q, k, v, kwargs):
         raise Unsupported("SDPA's signature returns no log-sum-exp")
@@ -172,7 +199,7 @@ class SdpaAdapter:
             return to_numpy(self.function(*tensors, dropout_p=p))
 
 
-class JaxAdapter:
+class JaxAdapter(_InProcess):
     """``jax`` convention: ``jax.nn.dot_product_attention(query, key, value, bias, mask, *,
     scale, is_causal, key_value_seq_lengths)``, ``(B, T, N, H)`` layout."""
 
@@ -224,7 +251,7 @@ class JaxAdapter:
     def forward_watched(self, q, k, v, kwargs) -> Watched:
         """jax arrays are immutable and never share the battery's memory: the output
         alone is watched."""
-        return Watched({}, lambda: self.forward(q, k, v, kwargs))
+        return watch({}, lambda: self.forward(q, k, v, kwargs))
 
     def forward_lse(self, q, k, v, kwargs):
         tensors, arguments = self._arguments(q, k, v, kwargs)

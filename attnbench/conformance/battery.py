@@ -11,13 +11,16 @@ from attnbench.conformance.outcome import Check, Outcome, summarize
 __all__ = ["PROPERTIES", "all_checks", "property_order", "run_check", "run_checks"]
 
 
-def all_checks(*, quick: bool = False) -> list[Check]:
+def all_checks(*, quick: bool = False, seed: int = 0) -> list[Check]:
     """Every check: correctness (integrity included), determinism, convention and (unless
-    ``quick``) speed, then correctness again after the timing."""
-    found = (correctness.checks() + integrity.checks() + determinism.checks()
+    ``quick``) speed, then correctness again after the timing.  The correctness checks'
+    problems and values come from ``seed``
+    (:func:`~attnbench.conformance.cases.drawn_cases`, :func:`~attnbench.conformance.cases.
+    case_seed`); the properties and their order do not depend on it."""
+    found = (correctness.checks(seed) + integrity.checks(seed) + determinism.checks()
              + conventions.checks())
     if not quick:
-        found += speed.checks() + integrity.after_timing_checks()
+        found += speed.checks() + integrity.after_timing_checks(seed)
     return found
 
 
@@ -42,7 +45,8 @@ def run_check(check: Check, subject: Subject) -> Outcome:
     else:
         try:
             outcome = check.run(subject)
-        except Exception as exc:  # the code under test may raise anything
+        except Exception as exc:  # the code under test may raise anything (a worker that
+            # is gone raises a BaseException, which ends the battery)
             outcome = Outcome("error", f"raised {describe_exception(exc)}")
     outcome.case = check.case
     outcome.seconds = round(time.perf_counter() - start, 4)

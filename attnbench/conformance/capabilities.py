@@ -19,7 +19,10 @@ REFUSALS = (TypeError, NotImplementedError, ValueError)
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``"TypeError: message"``, the message shortened to one line."""
+    """``"TypeError: message"``, the message shortened to one line (an exception raised
+    again from the worker keeps the worker's description)."""
+    if getattr(exc, "description", None):
+        return exc.description
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if len(message) > 160:
         message = message[:157] + "..."

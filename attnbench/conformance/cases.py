@@ -1,11 +1,19 @@
-"""The battery's problems: the case table, the features each case needs, the probes.
+"""The battery's problems: the case table, the drawn cases, the values, the probes.
 
-Cases are :class:`~attnbench.measure.problems.ProblemSpec` rows drawn by the harness's one
-input generator (:func:`~attnbench.measure.problems.make_inputs`): odd L and D, Lq ≠ Lk
-both ways, GQA and MQA, Dv ≠ D, and every mask kind (causal in both alignments, bool
-masks shared and per head, an additive float mask, key lengths, padding, combinations).
+Cases are :class:`~attnbench.measure.problems.ProblemSpec` rows whose values come from the
+harness's one input generator (:func:`~attnbench.measure.problems.make_inputs`).  The
+named table (:data:`CASES`) is the readable part: odd L and D, Lq ≠ Lk both ways, GQA and
+MQA, Dv ≠ D, every mask kind (causal in both alignments, bool masks shared and per head,
+an additive float mask, key lengths, padding, combinations) and an explicit scale.
+:func:`drawn_cases` adds problems drawn from the run's seed: shapes, a masking and a scale
+that no table fixes, so an implementation that learned the table's answers fails them.
 Tiny on purpose: the battery runs in seconds, and an implementation's bugs show on 13
 keys as on 13,000.
+
+Every value comes from the run's seed through :func:`case_seed` (the same seed, the same
+problems: a run is replayed from the seed its JSON records), and :func:`inputs` makes a
+wrong answer visible: values with a non-zero mean, some rows with large logits (so a row's
+answer lies far from the mean of V), and every query seeing at least one key.
 
 A *feature* is what a case asks of an implementation beyond plain attention
 (:func:`features`); :func:`probe_problem` is a tiny valid problem with that feature
@@ -15,14 +23,15 @@ alone, tried once per implementation to find what it supports
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from attnbench.measure.problems import ProblemSpec, make_inputs
 
-__all__ = ["CASES", "DTYPES", "FEATURES", "GRADIENT_CASES", "Case", "features", "inputs",
-           "probe_problem"]
+__all__ = ["CASES", "DRAWN", "DTYPES", "FEATURES", "GRADIENT_CASES", "Case", "case_seed",
+           "describe", "drawn_cases", "features", "inputs", "probe_problem"]
 
 #: Input dtypes of the agreement properties.
 DTYPES = ("float32", "float64")
@@ -95,9 +104,90 @@ def features(spec: ProblemSpec, dtype) -> frozenset:
     return frozenset(needed)
 
 
+#: Problems drawn from each run's seed beside the named table (each in both dtypes).
+DRAWN = 8
+
+#: The maskings a drawn problem takes (each run draws :data:`DRAWN` of them, no repeats).
+_MASKINGS = ({}, {"causal": True}, {"causal": "bottom-right"}, {"mask": "bool-shared"},
+             {"mask": "bool"}, {"mask": "float"}, {"key_lengths": "random"},
+             {"causal": True, "key_lengths": "random"},
+             {"causal": "bottom-right", "mask": "bool-shared"},
+             {"mask": "float", "key_lengths": "random"})
+
+
+def case_seed(seed: int, *labels) -> int:
+    """The seed of one check's values: the run's ``seed`` and the check's ``labels``
+    (the same pair, the same values; another label, unrelated values)."""
+    words = [int(seed) % 2**32, *(zlib.crc32(str(label).encode()) for label in labels)]
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
+
+
+def describe(spec: ProblemSpec) -> str:
+    """``"B2 H6/3 L13x7 D9/5 causal=bottom-right scale=0.41"``: a problem in one line."""
+    B, H, Hkv, Lq, Lk, D, Dv = spec.sizes
+    words = [f"B{B}", f"H{H}/{Hkv}", f"L{Lq}x{Lk}", f"D{D}/{Dv}"]
+    if spec.causal is not False:
+        words.append("causal" if spec.causal is True else f"causal={spec.causal}")
+    if spec.mask is not None:
+        words.append(f"mask={spec.mask}")
+    if spec.key_lengths is not None:
+        words.append(f"key_lengths={spec.key_lengths}")
+    if spec.scale is not None:
+        words.append(f"scale={spec.scale:.3g}")
+    return " ".join(words)
+
+
+def drawn_cases(seed: int, count: int = DRAWN) -> tuple[Case, ...]:
+    """``count`` problems drawn from ``seed``: B 1-3, Hkv 1-3 with 1-3 query heads each,
+    Lq and Lk 1-40, D 2-40, Dv = D or 2-40, a masking of :data:`_MASKINGS` each (no two
+    alike), and half of them an explicit scale.  Each query sees at least one key."""
+    rng = np.random.default_rng(case_seed(seed, "drawn"))
+    found = []
+    for number, which in enumerate(rng.permutation(len(_MASKINGS))[:count], start=1):
+        masking = _MASKINGS[which]
+        Hkv, group, B = (int(x) for x in rng.integers(1, 4, size=3))
+        Lq, Lk = (int(x) for x in rng.integers(1, 41, size=2))
+        if masking.get("causal") == "bottom-right":
+            Lq = min(Lq, Lk)  # bottom-right: query 0 sees key Lk - Lq
+        D = int(rng.integers(2, 41))
+        Dv = D if rng.random() < 0.5 else int(rng.integers(2, 41))
+        scale = round(float(rng.uniform(0.05, 1.5)), 4) if rng.random() < 0.5 else None
+        spec = ProblemSpec(B=B, H=Hkv * group, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, Dv=Dv,
+                           scale=scale, **masking)
+        name = f"drawn-{number} ({describe(spec)})"
+        found.append(Case(name, ProblemSpec(name=name, **{
+            f: getattr(spec, f) for f in ("B", "H", "Hkv", "Lq", "Lk", "D", "Dv", "causal",
+                                          "mask", "key_lengths", "scale")})))
+    return tuple(found)
+
+
+def _every_row_sees_a_key(kwargs: dict) -> dict:
+    """``kwargs`` with key 0 visible to every query through the mask (key 0 is inside any
+    key length and any causal alignment the drawn and named problems use), so that an
+    implementation's convention for a query that sees nothing is never what is judged."""
+    mask = kwargs.get("mask")
+    if mask is None:
+        return kwargs
+    mask = mask.copy()
+    if mask.dtype == np.bool_:
+        mask[..., 0] = True
+    else:
+        mask[..., 0] = np.where(np.isfinite(mask[..., 0]), mask[..., 0], 0.0)
+    return {**kwargs, "mask": mask}
+
+
 def inputs(spec: ProblemSpec, dtype, seed: int = 0):
-    """``q, k, v, kwargs`` of ``spec`` (:func:`~attnbench.measure.problems.make_inputs`)."""
-    return make_inputs(spec, np.dtype(dtype), seed)
+    """``q, k, v, kwargs`` of ``spec`` from ``seed``
+    (:func:`~attnbench.measure.problems.make_inputs`), with a wrong answer made visible:
+    v shifted by a mean of 1-3 per column, a third of the query rows four times larger
+    (peaked attention), key 0 visible to every query."""
+    dtype = np.dtype(dtype)
+    q, k, v, kwargs = make_inputs(spec, dtype, seed)
+    rng = np.random.default_rng(case_seed(seed, "visible"))
+    v = (v + rng.uniform(1.0, 3.0, size=v.shape[:-2] + (1, v.shape[-1]))).astype(dtype)
+    peaked = rng.random(q.shape[:-1] + (1,)) < 1 / 3
+    q = np.where(peaked, q * 4, q).astype(dtype)
+    return q, k, v, _every_row_sees_a_key(kwargs)
 
 
 def probe_problem(feature: str):

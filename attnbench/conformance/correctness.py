@@ -1,6 +1,7 @@
 """The correctness properties: each a list of :class:`~attnbench.conformance.outcome.Check`.
 
-- ``agreement-float32``, ``agreement-float64``: the case table against the oracle.
+- ``agreement-float32``, ``agreement-float64``: the named case table and the problems
+  drawn from the run's seed against the oracle.
 - ``hidden-values``: NaN or inf stored in k and v behind key_lengths, a bool mask, an
   additive ``-inf`` mask or the causal diagonal leave every output that cannot see them
   within tolerance of the clean problem's oracle.
@@ -20,18 +21,25 @@ import functools
 import numpy as np
 
 from attnbench import kernels
-from attnbench.conformance.cases import CASES, GRADIENT_CASES, features, inputs
+from attnbench.conformance.cases import (
+    CASES,
+    GRADIENT_CASES,
+    case_seed,
+    drawn_cases,
+    features,
+    inputs,
+)
 from attnbench.conformance.judge import expected, judge
 from attnbench.conformance.outcome import Check, Outcome
-from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
+from attnbench.measure.grad_oracle import fused_terms, gradient_errors, gradient_oracle
 from attnbench.measure.oracle import max_abs_error
 from attnbench.measure.problems import ProblemSpec
 
 __all__ = ["checks"]
 
 
-def _agreement(spec, dtype, subject) -> Outcome:
-    q, k, v, kwargs = inputs(spec, dtype)
+def _agreement(spec, dtype, seed, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype, seed)
     return judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs)
 
 
@@ -70,8 +78,8 @@ def _hidden_problem(where: str, rng):
     return q, k, v, kwargs, poisoned
 
 
-def _hidden_values(where: str, value: float, subject) -> Outcome:
-    rng = np.random.default_rng(11)
+def _hidden_values(where: str, value: float, seed, subject) -> Outcome:
+    rng = np.random.default_rng(seed)
     q, k, v, kwargs, poisoned = _hidden_problem(where, rng)
     exact, tol = expected(q, k, v, kwargs)
     visible = kernels.prepare(q, k, v, **kwargs).visible()  # (B, H, Lq, Lk)
@@ -101,8 +109,8 @@ def _hidden_values(where: str, value: float, subject) -> Outcome:
 # --- future tokens ----------------------------------------------------------------------
 
 
-def _future_tokens(causal, subject) -> Outcome:
-    rng = np.random.default_rng(12)
+def _future_tokens(causal, seed, subject) -> Outcome:
+    rng = np.random.default_rng(seed)
     B, H, D = 1, 2, 8
     Lq, Lk = (12, 12) if causal is True else (6, 12)
     offset = kernels.causal_offset(causal, Lq, Lk)
@@ -133,8 +141,8 @@ def _future_tokens(causal, subject) -> Outcome:
 # --- large logits, shape and dtype, gradients -------------------------------------------
 
 
-def _large_logits(spec, dtype, subject) -> Outcome:
-    q, k, v, kwargs = inputs(spec, dtype)
+def _large_logits(spec, dtype, seed, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype, seed)
     q, k = q * 12, k * 12  # logits ~ 144 * N(0, D) / sqrt(D): hundreds
     outcome = judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs,
                     diagnose_failure=False)
@@ -143,8 +151,8 @@ def _large_logits(spec, dtype, subject) -> Outcome:
     return outcome
 
 
-def _shape_dtype(spec, dtype, subject) -> Outcome:
-    q, k, v, kwargs = inputs(spec, dtype)
+def _shape_dtype(spec, dtype, seed, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype, seed)
     out = np.asarray(subject.adapter.forward(q, k, v, kwargs))
     B, H, _, Lq, _, _, Dv = spec.sizes
     problems = []
@@ -157,9 +165,9 @@ def _shape_dtype(spec, dtype, subject) -> Outcome:
         Outcome("pass", observed=f"{out.shape} {out.dtype}")
 
 
-def _gradients(spec, dtype, subject) -> Outcome:
-    q, k, v, kwargs = inputs(spec, dtype)
-    dout = np.random.default_rng(13).standard_normal(
+def _gradients(spec, dtype, seed, subject) -> Outcome:
+    q, k, v, kwargs = inputs(spec, dtype, seed)
+    dout = np.random.default_rng(case_seed(seed, "dout")).standard_normal(
         (*q.shape[:-1], v.shape[-1])).astype(dtype)  # (B, H, Lq, Dv)
     grads = subject.adapter.backward(q, k, v, dout, kwargs)
     problem = kernels.prepare(q, k, v, **kwargs)
@@ -167,7 +175,12 @@ def _gradients(spec, dtype, subject) -> Outcome:
     for name, g, e in zip(("dq", "dk", "dv"), grads, exact, strict=True):
         if np.asarray(g).shape != e.shape:
             return Outcome("fail", f"{name} has shape {np.asarray(g).shape}, expected {e.shape}")
-    result = gradient_errors(grads, exact, plain, problem.dtype)
+    # the fused algorithm (P rebuilt from a stored log-sum-exp) is as correct as the plain
+    # one: its rounding terms, with the oracle's log-sum-exp in the input dtype
+    _, lse = kernels.attention(*(x.astype(np.float64) for x in (q, k, v)),
+                               backend="reference", return_lse=True, **kwargs)
+    result = gradient_errors(grads, exact, plain, problem.dtype,
+                             extra=fused_terms(problem, dout, exact, lse.astype(q.dtype)))
     outcome = Outcome("pass" if result["within_tolerance"] else "fail",
                       max_error=result["max_abs_err"], tolerance=result["tolerance"])
     if outcome.status == "fail":
@@ -187,36 +200,40 @@ _HIDDEN = {"key-lengths": {"key-lengths"}, "bool-mask": {"bool-mask"},
            "float-mask": {"float-mask"}, "causal": {"causal"}}
 
 
-def checks() -> list[Check]:
-    """Every correctness check, in report order."""
+def checks(seed: int = 0) -> list[Check]:
+    """Every correctness check, in report order, its values from the run's ``seed``."""
     found = []
     for dtype in ("float32", "float64"):
-        for case in CASES:
+        for case in CASES + drawn_cases(seed):
             found.append(Check(f"agreement-{dtype}", "correctness", case.name,
-                               functools.partial(_agreement, case.spec, dtype),
+                               functools.partial(_agreement, case.spec, dtype,
+                                                 case_seed(seed, "agreement", case.name,
+                                                           dtype)),
                                features(case.spec, dtype)))
     for where, needs in _HIDDEN.items():
         for value in (np.nan, np.inf):
             name = "nan" if np.isnan(value) else "inf"
             found.append(Check("hidden-values", "correctness", f"{where}-{name}",
-                               functools.partial(_hidden_values, where, value),
+                               functools.partial(_hidden_values, where, value,
+                                                 case_seed(seed, "hidden", where, name)),
                                frozenset(needs)))
-    found.append(Check("future-tokens", "correctness", "causal",
-                       functools.partial(_future_tokens, True), frozenset({"causal"})))
-    found.append(Check("future-tokens", "correctness", "bottom-right",
-                       functools.partial(_future_tokens, "bottom-right"),
-                       frozenset({"bottom-right", "cross"})))
-    for name, spec, dtype in _LARGE:
-        found.append(Check("large-logits", "correctness", name,
-                           functools.partial(_large_logits, spec, dtype),
-                           features(spec, dtype)))
-    for name, spec, dtype in _SHAPES:
-        found.append(Check("shape-dtype", "correctness", name,
-                           functools.partial(_shape_dtype, spec, dtype),
-                           features(spec, dtype)))
+    for causal, needs in ((True, {"causal"}), ("bottom-right", {"bottom-right", "cross"})):
+        name = "causal" if causal is True else causal
+        found.append(Check("future-tokens", "correctness", name,
+                           functools.partial(_future_tokens, causal,
+                                             case_seed(seed, "future", name)),
+                           frozenset(needs)))
+    for property_name, run, table in (("large-logits", _large_logits, _LARGE),
+                                      ("shape-dtype", _shape_dtype, _SHAPES)):
+        for name, spec, dtype in table:
+            found.append(Check(property_name, "correctness", name,
+                               functools.partial(run, spec, dtype,
+                                                 case_seed(seed, property_name, name)),
+                               features(spec, dtype)))
     for case, dtype in [(c, "float32") for c in GRADIENT_CASES] + [(GRADIENT_CASES[0],
                                                                     "float64")]:
         found.append(Check("gradients", "correctness", f"{case.name}-{dtype}",
-                           functools.partial(_gradients, case.spec, dtype),
+                           functools.partial(_gradients, case.spec, dtype,
+                                             case_seed(seed, "gradients", case.name, dtype)),
                            features(case.spec, dtype) | {"backward"}))
     return found

@@ -19,7 +19,7 @@ import numpy as np
 
 from attnbench.conformance.cases import features, inputs
 from attnbench.conformance.outcome import Check, Outcome
-from attnbench.measure.problems import ProblemSpec, limit_threads
+from attnbench.measure.problems import ProblemSpec
 
 __all__ = ["checks"]
 
@@ -60,9 +60,9 @@ def _thread_count(spec, subject) -> Outcome:
     if most < 2:
         return Outcome("unsupported", "one thread only on this machine (NUMBA_NUM_THREADS=1)")
     q, k, v, kwargs = inputs(spec, "float32")
-    with limit_threads(1, torch=True):
+    with subject.adapter.threads(1):
         one = subject.adapter.forward(q, k, v, kwargs)
-    with limit_threads(most, torch=True):
+    with subject.adapter.threads(most):
         many = subject.adapter.forward(q, k, v, kwargs)
     gap = _differ(one, many)
     fixed = " (jax's thread pool is fixed when it starts: two calls compared)" \

@@ -19,7 +19,7 @@ Each is a correctness property whose failure names what happened:
   correct for its first calls, then drifts: gpu-mode's exploits; llm.c PR 852).  The full
   battery checks this again after its speed section (``after-timing``).
 
-The values are those of the battery's one input generator, from seeds of their own, with
+The values are the battery's (:func:`~attnbench.conformance.cases.inputs`), new each run:
 a non-zero mean and rows whose answer lies far from the mean of V, so that a constant, a
 mean or a no-op cannot pass.
 """
@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from attnbench.conformance.cases import features, inputs
+from attnbench.conformance.cases import case_seed, features, inputs
 from attnbench.conformance.judge import judge
 from attnbench.conformance.outcome import Check, Outcome
 from attnbench.measure.problems import ProblemSpec
@@ -48,23 +48,17 @@ _PROBLEMS = (("plain", ProblemSpec(B=2, H=2, Lq=9, Lk=11, D=8)),
              ("key-lengths", ProblemSpec(B=3, H=2, Lq=9, Lk=12, D=8, key_lengths="random")))
 
 
-def _values(spec, seed):
-    """``q, k, v, kwargs`` of ``spec`` in float32 with a wrong answer made visible: values
-    with a non-zero mean and peaked rows (a few large logits), so that each output row
-    lies far from the mean of V."""
-    q, k, v, kwargs = inputs(spec, "float32", seed)
-    rng = np.random.default_rng(seed + 1)
-    v = (v + rng.uniform(1.0, 3.0, size=v.shape[:-2] + (1, v.shape[-1]))).astype(np.float32)
-    q = (q * rng.choice(np.float32([1.0, 4.0]), size=q.shape[:-1] + (1,))).astype(np.float32)
-    return q, k, v, kwargs
+def _values(spec, seed, *labels):
+    """``q, k, v, kwargs`` of ``spec`` in float32, from the run's seed and ``labels``."""
+    return inputs(spec, "float32", case_seed(seed, "integrity", *labels))
 
 
 def _named(names) -> str:
     return ", ".join(names)
 
 
-def _inputs_untouched(spec, subject) -> Outcome:
-    q, k, v, kwargs = _values(spec, 101)
+def _inputs_untouched(spec, seed, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, seed, "untouched")
     watched = subject.adapter.forward_watched(q, k, v, kwargs)
     if watched.changed:
         return Outcome("fail", f"the call wrote into its input(s) {_named(watched.changed)}: "
@@ -72,8 +66,8 @@ def _inputs_untouched(spec, subject) -> Outcome:
     return judge(watched.output, q, k, v, kwargs)
 
 
-def _fresh_output(spec, subject) -> Outcome:
-    q, k, v, kwargs = _values(spec, 102)
+def _fresh_output(spec, seed, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, seed, "fresh")
     first = subject.adapter.forward_watched(q, k, v, kwargs)
     if first.aliased:
         return Outcome("fail", f"the output shares memory with the input(s) "
@@ -88,16 +82,30 @@ def _fresh_output(spec, subject) -> Outcome:
     return judge(second.output, q, k, v, kwargs)
 
 
-def _fingerprint_twin(k, v, rng):
+def _sums(array) -> tuple:
+    return float(array.sum()), float(array.sum(dtype=np.float64))
+
+
+def _fingerprint_twin(k, v, rng, tries: int = 200):
     """``k, v`` changed in one element each, another element of each moved by as much the
-    other way: shapes, sums, first and last elements as before."""
+    other way: shapes, first and last elements as before, and sums as NumPy adds them in
+    the dtype and in float64 (pairs are drawn until the rounded sums agree too)."""
     k, v = k.copy(), v.copy()
     for array in (k, v):
         flat = array.reshape(-1)
-        i, j = rng.choice(np.arange(1, flat.size - 1), size=2, replace=False)
-        delta = np.float32(2.0 + abs(flat[i]))
-        flat[i] += delta
-        flat[j] -= delta
+        before = _sums(flat)
+        for _ in range(tries):
+            i, j = rng.choice(np.arange(1, flat.size - 1), size=2, replace=False)
+            old_i, old_j = flat[i], flat[j]
+            delta = flat.dtype.type(2.0 + abs(old_i))
+            flat[i] += delta
+            flat[j] -= delta
+            if _sums(flat) == before:
+                break
+            flat[i], flat[j] = old_i, old_j
+        else:
+            flat[i] += delta  # no pair keeps the rounded sums: change one element anyway
+            flat[j] -= delta
     return k, v
 
 
@@ -111,52 +119,55 @@ def _judged(subject, q, k, v, kwargs, failure) -> Outcome:
     return outcome
 
 
-def _no_cache(spec, subject) -> Outcome:
-    q, k, v, kwargs = _values(spec, 103)
+def _no_cache(spec, seed, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, seed, "cache", 1)
     subject.adapter.forward(q, k, v, kwargs)
-    q2, k2, v2, _ = _values(spec, 104)
+    q2, k2, v2, _ = _values(spec, seed, "cache", 2)
     outcome = _judged(subject, q2, k2, v2, kwargs, "new values in new arrays of the same "
                       "shapes gave a wrong output ({}): a result cached between calls?")
     if outcome.status != "pass":
         return outcome
-    k3, v3 = _fingerprint_twin(k2, v2, np.random.default_rng(105))
+    k3, v3 = _fingerprint_twin(k2, v2, np.random.default_rng(case_seed(seed, "twin")))
     return _judged(subject, q2, k3, v3, kwargs,
                    "values that differ from the last call's only in a few elements of k and v "
                    "(the same shapes, sums, first and last elements) gave a wrong output "
                    "({}): a result cached between calls?")
 
 
-def _after_calls(spec, calls, what, subject) -> Outcome:
-    q, k, v, kwargs = _values(spec, 106)
+def _after_calls(spec, calls, what, seed, subject) -> Outcome:
+    q, k, v, kwargs = _values(spec, seed, what, 1)
     for _ in range(calls):
         subject.adapter.forward(q, k, v, kwargs)
-    q2, k2, v2, _ = _values(spec, 107)
+    q2, k2, v2, _ = _values(spec, seed, what, 2)
     return _judged(subject, q2, k2, v2, kwargs, f"wrong on new values {what} ({{}})")
 
 
-def checks() -> list[Check]:
-    """Every integrity check, in report order (before the speed section)."""
+def checks(seed: int = 0) -> list[Check]:
+    """Every integrity check, in report order (before the speed section), its values from
+    the run's ``seed``."""
     found = []
     for name, spec in _PROBLEMS:
         needs = features(spec, "float32")
         found.append(Check("inputs-untouched", "correctness", name,
-                           functools.partial(_inputs_untouched, spec), needs))
+                           functools.partial(_inputs_untouched, spec, seed), needs))
     for name, spec in _PROBLEMS[:3]:
         found.append(Check("fresh-output", "correctness", name,
-                           functools.partial(_fresh_output, spec), features(spec, "float32")))
+                           functools.partial(_fresh_output, spec, seed),
+                           features(spec, "float32")))
         found.append(Check("no-cache", "correctness", name,
-                           functools.partial(_no_cache, spec), features(spec, "float32")))
+                           functools.partial(_no_cache, spec, seed),
+                           features(spec, "float32")))
     plain = _PROBLEMS[0][1]
     found.append(Check("after-many-calls", "correctness", f"{MANY}-calls",
                        functools.partial(_after_calls, plain, MANY,
-                                         f"after {MANY} calls on the same problem"),
+                                         f"after {MANY} calls on the same problem", seed),
                        features(plain, "float32")))
     return found
 
 
-def after_timing_checks() -> list[Check]:
+def after_timing_checks(seed: int = 0) -> list[Check]:
     """The check that follows the speed section: correct on new values after being timed."""
     plain = _PROBLEMS[0][1]
     return [Check("after-timing", "correctness", "after-speed",
-                  functools.partial(_after_calls, plain, 1, "after the speed section"),
+                  functools.partial(_after_calls, plain, 1, "after the speed section", seed),
                   features(plain, "float32"))]

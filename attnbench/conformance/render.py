@@ -54,12 +54,19 @@ def matrix_text(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _seed(report: dict) -> str:
+    seed = report.get("seed")
+    return "problems of a fixed seed" if seed is None else \
+        f"problems of seed {seed} (--seed {seed} replays them)"
+
+
 def report_text(report: dict) -> str:
     """The matrix, then failures and errors, conventions observed and speed, as text."""
     impls = report["implementations"]
     quick = " (--quick: speed skipped)" if report.get("quick") else ""
     lines = [f"attnbench conform: {len(impls)} implementation(s), "
-             f"{len(report['properties'])} properties{quick}", "", matrix_text(report)]
+             f"{len(report['properties'])} properties{quick}, {_seed(report)}", "",
+             matrix_text(report)]
     for status, title in (("fail", "Failures"), ("error", "Errors")):
         found = [(i, p) for i in impls for p in i["properties"] if p["status"] == status
                  and not _not_run(p)]
@@ -248,7 +255,8 @@ def write_html(report: dict, folder) -> Path:
              f"{report.get('seconds', 0):.1f} s, {_e(machine.get('processor') or '')} "
              f"{machine.get('cpus')} CPUs, load average "
              f"{machine.get('load_average_before', float('nan')):.2f} → "
-             f"{machine.get('load_average_after', float('nan')):.2f}.{quick} "
+             f"{machine.get('load_average_after', float('nan')):.2f}; "
+             f"{_e(_seed(report))}.{quick} "
              "Correctness decides the verdict (determinism too under --deterministic); "
              "conventions and speed are observations.</p>",
              "<h2>Property × implementation</h2>", *_matrix_html(report)]

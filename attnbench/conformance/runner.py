@@ -1,34 +1,40 @@
-"""The runner: each implementation in its own subprocess with a time limit, then verdicts.
+"""The runner: the judge of each implementation, whose calls run in a worker process.
 
-:func:`conform` starts :mod:`attnbench.conformance.worker` once per implementation
-(``python -m attnbench.conformance.worker``, its own session so a hang is killed with
-its children), waits at most ``timeout`` seconds, and reads what the worker wrote.  An
-implementation that raises is reported per check (``error``, with the exception); one
-that hangs is killed and reported ``timed out after S s during <property>``; one that
-kills its interpreter (``os._exit``, a segfault) is reported with its exit status or
-signal; in both cases the properties it finished keep their results, and the other
-implementations still run.
+:func:`conform` draws the run's seed (or takes ``seed``), then for each implementation
+starts a worker (:class:`~attnbench.conformance.remote.RemoteAdapter`: the code under test
+in its own process, which only calls it) and runs the battery here, where the problems
+are drawn, the oracle computed, the outputs compared and the calls timed.  Everything
+the worker does shares one time limit.  An implementation that raises is reported per
+check (``error``, with the exception); one that hangs is killed and reported ``timed out
+after S s during <property>``; one that kills its interpreter (``os._exit``, a segfault)
+is reported with its exit status or signal; in both cases the properties it finished
+keep their results, and the other implementations still run.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import signal
-import subprocess
-import sys
+import secrets
 import tempfile
 import time
 from pathlib import Path
 
-from attnbench.conformance.battery import all_checks, property_order
+from attnbench.conformance.battery import all_checks, property_order, run_checks
+from attnbench.conformance.capabilities import Subject
+from attnbench.conformance.implementation import Implementation
+from attnbench.conformance.remote import RemoteAdapter, WorkerGone
 from attnbench.measure.problems import load_average
 
-__all__ = ["DEFAULT_TIMEOUT", "conform", "exit_status", "verdict"]
+__all__ = ["DEFAULT_TIMEOUT", "conform", "exit_status", "new_seed", "verdict"]
 
 #: Seconds one implementation may take, battery and speed section included.
 DEFAULT_TIMEOUT = 600.0
+
+
+def new_seed() -> int:
+    """A seed for a run's problems, new each time (32 bits: short enough to type)."""
+    return secrets.randbelow(2**32)
 
 
 def verdict(properties: list[dict], *, deterministic: bool = False,
@@ -48,15 +54,6 @@ def verdict(properties: list[dict], *, deterministic: bool = False,
 def exit_status(report: dict) -> int:
     """1 if an implementation does not conform (``fails`` or ``error``), else 0."""
     return 0 if all(i["verdict"] == "conforms" for i in report["implementations"]) else 1
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with status {returncode}"
 
 
 def _complete(result: dict, order, why: str | None) -> list[dict]:
@@ -81,46 +78,47 @@ def _complete(result: dict, order, why: str | None) -> list[dict]:
     return complete
 
 
-def _kill(process) -> None:
-    """Kill the worker and any children it started (its own process group)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:  # it ended just now
-        pass
+def _battery(adapter: RemoteAdapter, spec: str, checks, result: dict) -> None:
+    """Load, probe and run ``checks`` through ``adapter``, noting progress in ``result``."""
+    result["stage"] = "loading"
+    loaded = adapter.load(spec, result["convention_asked"], result["backward_asked"])
+    if "load_error" in loaded:
+        result.update(loaded, finished=True)
+        return
+    result.update(name=loaded["name"], convention=loaded["convention"],
+                  versions=loaded["versions"], stage="probing")
+    subject = Subject(Implementation(None, loaded["convention"], None, loaded["name"], spec),
+                      adapter)
+    result.update(capabilities={k: list(v) for k, v in subject.capabilities.items()},
+                  stage="battery")
+
+    def on_property(summary):
+        done = [p for p in result["properties"] if not p.get("running")]
+        result["properties"] = done + [summary]
+
+    run_checks(subject, checks, on_property)
+    result.update(versions=adapter.ask("versions"), stage="done", finished=True)
 
 
-def _run_one(spec: str, convention, backward, quick: bool, timeout: float,
-             folder: Path, index: int) -> dict:
-    request = folder / f"request-{index}.json"
-    result_path = folder / f"result-{index}.json"
-    log = folder / f"output-{index}.txt"
-    request.write_text(json.dumps({"spec": spec, "convention": convention,
-                                   "backward": backward, "quick": quick}))
+def _run_one(spec: str, convention, backward, quick: bool, seed: int, timeout: float,
+             log: Path) -> dict:
+    checks = all_checks(quick=quick, seed=seed)
+    result = {"name": spec, "convention": convention or "kernels", "properties": [],
+              "convention_asked": convention, "backward_asked": backward,
+              "stage": "starting"}
     start = time.perf_counter()
     why = None
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "attnbench.conformance.worker", str(request),
-             str(result_path)], stdout=output, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        try:
-            returncode = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(process)
-            returncode = process.wait()
-            why = f"timed out after {timeout:g} s (killed)"
-        except BaseException:  # Ctrl-C: its own session would not get the signal
-            _kill(process)
-            raise
-    seconds = round(time.perf_counter() - start, 2)
+    adapter = RemoteAdapter(timeout=timeout, log=log)
     try:
-        result = json.loads(result_path.read_text())
-    except (OSError, ValueError):
-        result = {"spec": spec, "name": spec, "convention": convention or "kernels",
-                  "stage": "starting"}
-    if why is None and not result.get("finished"):
-        why = f"the interpreter died ({_describe_exit(returncode)})"
-    order = property_order(all_checks(quick=quick))
+        _battery(adapter, spec, checks, result)
+    except WorkerGone as exc:
+        why = str(exc)
+    except BaseException:  # Ctrl-C: the worker's own session would not get the signal
+        adapter.kill()
+        adapter.close()
+        raise
+    returncode = adapter.close()
+    order = property_order(checks)
     if result.get("load_error"):
         why = f"could not load {spec!r}: {result['load_error']}"
         properties = [{"name": n, "kind": k, "status": "error", "detail": why, "cases": []}
@@ -128,18 +126,17 @@ def _run_one(spec: str, convention, backward, quick: bool, timeout: float,
     else:
         properties = _complete(result, order, why)
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    entry = {"name": result.get("name", spec), "spec": spec,
-             "convention": result.get("convention") or convention or "kernels",
-             "verdict": "", "properties": properties,
-             "capabilities": result.get("capabilities", {}),
-             "versions": result.get("versions", {}), "seconds": seconds,
-             "returncode": returncode, "problem": why, "output_tail": tail}
-    return entry
+    return {"name": result["name"], "spec": spec, "convention": result["convention"],
+            "verdict": "", "properties": properties,
+            "capabilities": result.get("capabilities", {}),
+            "versions": result.get("versions", {}),
+            "seconds": round(time.perf_counter() - start, 2),
+            "returncode": returncode, "problem": why, "output_tail": tail}
 
 
 def conform(specs, *, convention=None, backward=None, quick: bool = False,
             deterministic: bool = False, timeout: float = DEFAULT_TIMEOUT,
-            progress=None) -> dict:
+            seed: int | None = None, progress=None) -> dict:
     """Run the battery on each implementation, each in its own subprocess.
 
     Parameters
@@ -158,6 +155,10 @@ def conform(specs, *, convention=None, backward=None, quick: bool = False,
         Determinism properties decide the verdict too.
     timeout : float
         Seconds per implementation.
+    seed : int, optional
+        The seed of the run's problems (:func:`attnbench.conformance.cases.drawn_cases`
+        and every check's values); a new one (:func:`new_seed`) if None.  The same seed
+        gives the same problems, so a run is replayed with the seed its JSON records.
     progress : callable, optional
         Called with each implementation's entry as it completes.
 
@@ -168,19 +169,21 @@ def conform(specs, *, convention=None, backward=None, quick: bool = False,
     """
     start = time.perf_counter()
     load_before = load_average()
+    seed = new_seed() if seed is None else int(seed)
     entries = []
     with tempfile.TemporaryDirectory(prefix="attnbench-conform-") as folder:
         for index, spec in enumerate(specs):
             mine = ":" in spec  # --convention and --backward are for module:function specs
             entry = _run_one(spec, convention if mine else None, backward if mine else None,
-                             quick, timeout, Path(folder), index)
+                             quick, seed, timeout, Path(folder) / f"output-{index}.txt")
             entry["verdict"] = verdict(entry["properties"], deterministic=deterministic,
                                        problem=entry["problem"])
             entries.append(entry)
             if progress is not None:
                 progress(entry)
-    return {"implementations": entries, "quick": quick, "deterministic": deterministic,
-            "timeout_s": timeout, "seconds": round(time.perf_counter() - start, 2),
+    return {"implementations": entries, "seed": seed, "quick": quick,
+            "deterministic": deterministic, "timeout_s": timeout,
+            "seconds": round(time.perf_counter() - start, 2),
             "properties": [{"name": n, "kind": k} for n, k in
                            property_order(all_checks(quick=quick))],
             "machine": {"platform": platform.platform(), "processor": platform.processor(),

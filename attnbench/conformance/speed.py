@@ -8,9 +8,13 @@ at the largest L, the exponent of ``t = c + b·L + a·L^p`` with its 95% bootstr
 interval over the samples (:func:`attnbench.studies.fits.fit_scaling`; none when the fit
 runs to its grid's edge), and the time ratio to numba at each L with its interval (the
 adapter's conversion of the inputs, a copy, is inside the timed call, as it is in a
-user's call from NumPy).  Both run on the thread count the machine can give a timed call
-now (:func:`attnbench.measure.cores.check_cores`, as the sweep does: on a busy machine a
-call on every core waits for the pre-empted one every time slice).  Observations, never
+user's call from NumPy).  The adapter gives the timed calls
+(``adapter.timed_calls``): under ``attnbench conform`` both run in the worker, staged
+once, and the clock is the judge's, around a request of a few bytes per call, so a
+subject cannot patch the timer; both carry the same round trip.  Both run on the thread
+count the machine can give a timed call now (:func:`attnbench.measure.cores.check_cores`,
+as the sweep does: on a busy machine a call on every core waits for the pre-empted one
+every time slice).  Observations, never
 failures; skipped by ``--quick``.  A call slower than :data:`SLOW_CALL` seconds ends the
 series (larger L would take too long).
 """
@@ -21,11 +25,9 @@ import functools
 
 import numpy as np
 
-from attnbench import kernels
 from attnbench.conformance.outcome import Check, Outcome
 from attnbench.measure.cores import check_cores
 from attnbench.measure.flops import attention_flops
-from attnbench.measure.problems import limit_threads
 from attnbench.measure.timing import interleaved, ratio_interval
 from attnbench.studies.fits import P_GRID, fit_scaling
 
@@ -46,7 +48,7 @@ def _cores():
 
 def _series(causal: bool, subject) -> Outcome:
     cores = _cores()
-    with limit_threads(cores.threads, torch=True):
+    with subject.adapter.threads(cores.threads):
         outcome = _timed_series(causal, subject)
     outcome.detail += f"; on {cores.threads} thread(s): " + \
         cores.describe().split("; give --threads")[0]
@@ -56,15 +58,12 @@ def _series(causal: bool, subject) -> Outcome:
 
 def _timed_series(causal: bool, subject) -> Outcome:
     rng = np.random.default_rng(31)
-    numba_call = functools.partial(kernels.attention, backend="numba")
     kwargs = {"causal": True} if causal else {}
     xs, samples, ratios, points = [], [], [], []
     for L in LENGTHS:
         q, k, v = (rng.standard_normal((_B, _H, L, _D)).astype(np.float32) for _ in range(3))
-        timings = interleaved({
-            "impl": lambda q=q, k=k, v=v: subject.adapter.forward(q, k, v, kwargs),
-            "numba": lambda q=q, k=k, v=v: numba_call(q, k, v, **kwargs)},
-            rounds=7, min_time=0.02, warmup=1)
+        timings = interleaved(subject.adapter.timed_calls(q, k, v, kwargs),
+                              rounds=7, min_time=0.02, warmup=1)
         impl, ours = timings["impl"], timings["numba"]
         xs.append(L)
         samples.append(impl.samples)

@@ -77,7 +77,7 @@ class ConformanceCase:
 
 
 def pytest_cases(implementation, *, convention: str | None = None, backward=None,
-                 kinds=("correctness",)) -> list:
+                 kinds=("correctness",), seed: int = 0) -> list:
     """One ``pytest.param`` per (property, case) of the battery, id ``property[case]``.
 
     Parameters
@@ -87,6 +87,9 @@ def pytest_cases(implementation, *, convention: str | None = None, backward=None
     kinds : tuple of str, default ("correctness",)
         The kinds of property to test; add ``"determinism"`` to require bit-identical
         results.  (Conventions are observations and speed needs no test.)
+    seed : int, default 0
+        The seed of the drawn problems and the values: fixed, so a test suite sees the
+        same cases every run (``attnbench conform`` draws a new one each run).
 
     Returns
     -------
@@ -98,7 +101,7 @@ def pytest_cases(implementation, *, convention: str | None = None, backward=None
     bound = functools.cache(functools.partial(subject, implementation,
                                               convention=convention, backward=backward))
     return [pytest.param(ConformanceCase(c, bound), id=c.id)
-            for c in all_checks(quick=True) if c.kind in kinds]
+            for c in all_checks(quick=True, seed=seed) if c.kind in kinds]
 
 
 def check(case: ConformanceCase) -> None:

@@ -26,7 +26,7 @@ from attnbench.kernels.reference import forward as reference_forward
 from attnbench.kernels.reference.backward import run_backward
 from attnbench.measure.oracle import max_abs_error, oracle_dtype, tolerance
 
-__all__ = ["GRADIENTS", "gradient_errors", "gradient_oracle", "lse_rounding",
+__all__ = ["GRADIENTS", "fused_terms", "gradient_errors", "gradient_oracle", "lse_rounding",
            "row_dot_rounding"]
 
 #: Names of the three gradients, in the order :func:`kernels.attention_backward` returns them.
@@ -128,7 +128,26 @@ def row_dot_rounding(problem, dout: np.ndarray) -> tuple[float, float, float]:
     return (float(np.max(dq, initial=0.0)), float(np.max(dk, initial=0.0)), 0.0)
 
 
-def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
+def fused_terms(problem, dout: np.ndarray, exact, lse: np.ndarray) -> tuple[float, ...]:
+    """What the fused algorithm adds to each gradient's tolerance: :func:`lse_rounding`
+    (P rebuilt from ``lse``) and :func:`row_dot_rounding` (dS from two row dots).
+
+    Parameters
+    ----------
+    problem : kernels.AttentionProblem
+    dout : ndarray, shape (B, H, Lq, Dv)
+    exact : tuple of ndarray
+        The oracle's ``(dq, dk, dv)``.
+    lse : ndarray
+        The log-sum-exp the softmax is rebuilt from: the backend's own, or (for code whose
+        internals are unknown, as the conformance judge's) the oracle's rounded to the
+        input dtype.
+    """
+    rows = row_dot_rounding(problem, dout)
+    return tuple(lse_rounding(e, lse) + row for e, row in zip(exact, rows, strict=True))
+
+
+def gradient_errors(grads, exact, plain, dtype, lse=None, extra=None) -> dict:
     """The worst gradient against the oracle: its name, error and tolerance.
 
     Parameters
@@ -142,6 +161,8 @@ def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
     lse : ndarray, optional
         The stored log-sum-exp the backend rebuilt the softmax from (fused backends);
         adds :func:`lse_rounding` to each tolerance.
+    extra : tuple of float, optional
+        Added to each gradient's tolerance (:func:`fused_terms`).
 
     Returns
     -------
@@ -151,9 +172,10 @@ def gradient_errors(grads, exact, plain, dtype, lse=None) -> dict:
     """
     worst, within = None, True
     names = GRADIENTS + ("dsinks",) if len(exact) > len(GRADIENTS) else GRADIENTS
-    for name, g, e, p in zip(names, grads, exact, plain, strict=True):
+    extra = (0.0,) * len(exact) if extra is None else extra
+    for name, g, e, p, term in zip(names, grads, exact, plain, extra, strict=True):
         error = max_abs_error(np.asarray(g).reshape(e.shape), e)
-        tol = tolerance(e, p, dtype) + (0.0 if lse is None else lse_rounding(e, lse))
+        tol = tolerance(e, p, dtype) + term + (0.0 if lse is None else lse_rounding(e, lse))
         within = within and error <= tol
         ratio = error / tol if tol > 0 else (0.0 if error == 0 else np.inf)
         if worst is None or ratio > worst[0]:
