@@ -52,9 +52,10 @@ def test_sweep_backend_module_function(tmp_path, monkeypatch):
 
 
 def test_another_package_s_registered_name_is_a_peer(monkeypatch):
-    from attnbench.conformance import specs
+    from attnbench.measure import implementations
 
-    monkeypatch.setattr(specs, "registered_names", lambda: frozenset({"theirs", "jax"}))
+    monkeypatch.setattr(implementations, "registered_names",
+                        lambda: frozenset({"theirs", "jax"}))
     assert peers.is_external("theirs") and not peers.is_external("jax")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attnbench.measure.intervals import MIN_INTERVAL_SAMPLES
+from attnbench.measure.peers import PEERS
 
-#: Implementations compared, in table order.
-IMPLS = ("numba", "torch", "numpy")
+#: Implementations compared, in table order: the numba backend and the CPU peers.
+IMPLS = ("numba", *PEERS)
 #: The numba kernel's tile GEMMs alone (:mod:`attnbench.bench.gemm_floor`), timed beside it on
 #: non-causal shapes: the floor under its time.
 FLOOR = "gemm floor"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from attnbench.conformance.implementation import Implementation
+from attnbench.measure.implementations import names
 
 __all__: list[str] = []  # the names are module attributes built on access (_MAKERS)
 
@@ -42,8 +43,10 @@ def _jax() -> Implementation:
     return Implementation(function=jax.nn.dot_product_attention, convention="jax", name="jax")
 
 
-_MAKERS = {"reference": lambda: _kernels("reference"), "numba": lambda: _kernels("numba"),
-           "cuda": lambda: _kernels("cuda"), "numpy": _numpy, "torch": _torch, "jax": _jax}
+#: How each built-in is made: kernels' backends alike, each peer its own way.
+_MAKERS = {**{name: functools.partial(_kernels, name)
+              for name in names(kind="backend", conformed=True)},
+           "numpy": _numpy, "torch": _torch, "jax": _jax}
 
 
 def __getattr__(name: str) -> Implementation:

@@ -20,22 +20,25 @@ Resolving a spec imports the code under test, so the runner does it in the subpr
 
 from __future__ import annotations
 
-import functools
 import importlib
 import re
-from importlib.metadata import entry_points
 
 from attnbench.conformance.implementation import Implementation
+from attnbench.measure.implementations import (
+    ENTRY_POINT_GROUP,
+    names,
+    registered,
+    registered_names,
+)
 
 __all__ = ["BUILTINS", "CONVENTIONS", "ENTRY_POINT_GROUP", "Implementation", "check_spec",
            "load_object", "registered_names", "resolve"]
 
 #: The calling conventions (see :mod:`attnbench.conformance.adapters`).
 CONVENTIONS = ("kernels", "sdpa", "jax")
-#: Entry-point group under which packages register implementations.
-ENTRY_POINT_GROUP = "attnbench.implementations"
-#: Built-in implementation names (each also registered under ENTRY_POINT_GROUP).
-BUILTINS = ("reference", "numba", "cuda", "numpy", "torch", "jax")
+#: Built-in implementation names (each also registered under ENTRY_POINT_GROUP): those of
+#: the registry (:mod:`attnbench.measure.implementations`) that conform takes.
+BUILTINS = names(conformed=True)
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 
@@ -51,22 +54,11 @@ def check_spec(spec: str) -> str:
     if not isinstance(spec, str) or not _SPEC.match(spec):
         raise ValueError(f"implementation {spec!r} is neither a name ({', '.join(BUILTINS)}) "
                          "nor 'module:function'")
-    if ":" not in spec and spec not in BUILTINS and spec not in _registered():
+    if ":" not in spec and spec not in BUILTINS and spec not in registered_names():
         raise ValueError(f"implementation {spec!r} is unknown: expected one of "
-                         f"{', '.join(sorted(set(BUILTINS) | set(_registered())))} or "
+                         f"{', '.join(sorted(set(BUILTINS) | registered_names()))} or "
                          "'module:function'")
     return spec
-
-
-@functools.cache
-def _registered() -> dict:
-    """Entry points of :data:`ENTRY_POINT_GROUP`: name -> EntryPoint."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def registered_names() -> frozenset:
-    """Names registered under :data:`ENTRY_POINT_GROUP` by any installed package."""
-    return frozenset(_registered())
 
 
 def load_object(spec: str):
@@ -104,8 +96,8 @@ def resolve(spec: str, convention: str | None = None, backward: str | None = Non
         raise ValueError(f"convention {convention!r} is unknown; expected one of {CONVENTIONS}")
     if ":" in spec:
         found = load_object(spec)
-    elif spec in _registered():
-        found = _registered()[spec].load()
+    elif spec in registered_names():
+        found = registered(spec).load()
     elif spec in BUILTINS:  # attnbench itself not installed with its metadata
         from attnbench.conformance import builtins
 

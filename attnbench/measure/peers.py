@@ -10,12 +10,12 @@
   share the NumPy arrays' memory (``torch.from_numpy``), under ``torch.no_grad()``.
   Optional: where torch is not installed the sweep records the point as skipped.
 
-Any other implementation is a peer too, named as ``attnbench conform`` names it
-(:mod:`attnbench.conformance.specs`): ``module:function`` (``kernels`` convention), or a
-name another package registered under the ``attnbench.implementations`` entry-point
-group (attnbench's own names there, ``jax`` among them, are ``attnbench conform``'s
-only); it is called through the conformance kit's adapter of its convention
-(:func:`is_external`).
+Any other implementation is a peer too, named as ``attnbench conform`` names it:
+``module:function`` (``kernels`` convention), or a name another package registered under
+the ``attnbench.implementations`` entry-point group (attnbench's own names there, ``jax``
+among them, are ``attnbench conform``'s only;
+:func:`~attnbench.measure.implementations.is_external`); it is called through the
+conformance kit's adapter of its convention.
 
 Each peer is called through :func:`make_call`, which returns a function of no
 arguments: everything that is not the attention itself (converting inputs, building
@@ -30,6 +30,7 @@ import functools
 
 import numpy as np
 
+from attnbench.measure.implementations import is_external, names
 from attnbench.measure.peer_formulas import (  # noqa: F401  (part of this module's API)
     UnsupportedByPeer,
     _reject_dropout,
@@ -43,27 +44,13 @@ __all__ = ["PEERS", "UnsupportedByPeer", "is_external", "is_peer", "make_backwar
            "make_call", "numpy_attention", "peer_status", "peer_threads",
            "torch_sdpa_arguments", "visibility"]
 
-PEERS = ("numpy", "torch")
-#: Names that are never external peers: kernels' backends and the GPU SDPA of the sweep.
-_NOT_EXTERNAL = ("numba", "reference", "cuda", "torch-cuda", *PEERS)
-
-
-def is_external(name: str) -> bool:
-    """Whether ``name`` is an implementation spec outside the built-in peers and backends:
-    ``module:function`` or a registered ``attnbench.implementations`` entry point."""
-    if name in _NOT_EXTERNAL:
-        return False
-    if ":" in name:
-        return True
-    from attnbench.conformance.specs import BUILTINS, registered_names
-
-    # attnbench's own names (jax among them) are conform's: a sweep's or bench's backend
-    # names stay those of attnbench.sweep.grid.BACKENDS; other packages' names are peers
-    return name in registered_names() and name not in BUILTINS
+#: The built-in peers a sweep and bench time on the CPU (the registry's view).
+PEERS = names(kind="peer", device="cpu", swept=True)
 
 
 def is_peer(name: str) -> bool:
-    """A built-in peer (:data:`PEERS`) or an external one (:func:`is_external`)."""
+    """A built-in peer (:data:`PEERS`) or an external one
+    (:func:`~attnbench.measure.implementations.is_external`)."""
     return name in PEERS or is_external(name)
 
 

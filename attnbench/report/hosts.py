@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnbench.measure.implementations import names
 from attnbench.report.sections import Section
 from attnbench.studies.scaling import with_parameters
 
@@ -31,7 +32,7 @@ POINT_COLUMNS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "d
 #: Machine columns shown per group in the hosts section, when present.
 MACHINE_COLUMNS = ["cpu_model", "logical_cores", "numba_threads", "threading_layer", "blas",
                    "numpy", "numba"]
-GPU_BACKENDS = ("cuda", "torch-cuda")
+GPU_BACKENDS = names(device="gpu")
 
 
 def _text(series: pd.Series) -> pd.Series:

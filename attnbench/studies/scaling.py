@@ -61,6 +61,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from attnbench.measure.implementations import names
 from attnbench.measure.intervals import parse_samples
 from attnbench.studies.fits import PowerFit, fit_power_law, fit_scaling
 from attnbench.sweep.variants import window_size
@@ -257,7 +258,7 @@ MEMORY_EXPONENTS = {"numba": (1, True), "reference": (2, False), "numpy": (2, Fa
 #: Backends that skip the key tiles a mask function hides (kernels.mods block sparsity):
 #: a sliding window costs them O(L·W).  The others (the reference, the peers given a
 #: dense mask) compute every pair: O(L²) whatever the window.
-SKIPPING_BACKENDS = ("numba", "cuda")
+SKIPPING_BACKENDS = names(skips_hidden_tiles=True)
 
 
 def has_samples(table: pd.DataFrame, quantity: str = "time") -> bool:

@@ -31,6 +31,7 @@ from attnbench.kernels import available_backends, cuda_status, has_real_gpu
 from attnbench.kernels._dtypes import HALF_DTYPES
 from attnbench.measure import problems
 from attnbench.measure.flops import flops_of_problem, gflops
+from attnbench.measure.implementations import names
 from attnbench.measure.machine import (
     busy_machine,
     gemm_peak_gflops,
@@ -94,8 +95,9 @@ def select_backends(requested=None) -> list[str]:
     if requested is None:
         return [name for name in available if name != "cuda" or has_real_gpu()]
     for name in requested:
-        if name not in ("reference", "numba", "cuda"):
-            raise ValueError(f"backend {name!r} is unknown; expected reference, numba or cuda")
+        if name not in names(kind="backend"):
+            raise ValueError(f"backend {name!r} is unknown; expected one of "
+                             f"{', '.join(names(kind='backend'))}")
         if name not in available:
             why = cuda_status()[1] if name == "cuda" else "not available"
             raise ValueError(f"backend {name!r} cannot run here: {why}")

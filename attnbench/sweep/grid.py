@@ -51,16 +51,18 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from attnbench.measure import peers
+from attnbench.measure.implementations import names
 
 __all__ = ["BACKENDS", "DEFAULTS", "DIRECTIONS", "DTYPES", "GRIDS", "KINDS", "MASK_KINDS",
            "VARIANT_FORMS", "Grid", "Point", "check_variant", "expand", "grid_from_mapping",
            "load_grid_file", "parse_variant"]
 
-#: Backends a sweep knows: three of kernels, two peers (see :mod:`attnbench.measure.peers`), and
-#: PyTorch's SDPA on the GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).
-#: Any implementation spec is accepted too (``module:function``, or a name another package
-#: registered under ``attnbench.implementations``: :func:`attnbench.measure.peers.is_external`).
-BACKENDS = ("numba", "reference", "cuda", "numpy", "torch", "torch-cuda")
+#: Backends a sweep knows (the registry's, :mod:`attnbench.measure.implementations`): three
+#: of kernels, two peers (see :mod:`attnbench.measure.peers`), and PyTorch's SDPA on the
+#: GPU (``torch-cuda``, timed by :mod:`attnbench.measure.gpu_timing`).  Any implementation
+#: spec is accepted too (``module:function``, or a name another package registered under
+#: ``attnbench.implementations``: :func:`attnbench.measure.implementations.is_external`).
+BACKENDS = names(swept=True)
 
 #: Mask kinds a sweep point may have (all self-attention, Lq = Lk = L): those of
 #: :data:`attnbench.measure.problems.MASK_KINDS` that every peer can express and that

@@ -33,6 +33,7 @@ from attnbench.kernels._decode_validate import check_decode_args
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.measure.grad_oracle import gradient_oracle
+from attnbench.measure.implementations import names
 from attnbench.measure.oracle import decode_oracle, oracle, tolerance
 from attnbench.measure.problems import SEED
 from attnbench.sweep.grid import Point, parse_variant
@@ -61,7 +62,7 @@ def skip_reason(point: Point) -> str:
     """Why the point's kind cannot run it, or ``""`` (dense points: always ``""``)."""
     if point.kind == "dense":
         return ""
-    if point.backend in ("cuda", "torch-cuda"):
+    if point.backend in names(device="gpu"):
         return f"skipped: the sweep times {point.kind} points on the CPU only"
     variant = parse_variant(point.variant)[0]
     if point.kind == "decode":

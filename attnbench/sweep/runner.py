@@ -61,6 +61,7 @@ from attnbench import kernels
 from attnbench.measure import gpu_device, gpu_timing, peers
 from attnbench.measure.flops import gflops
 from attnbench.measure.grad_oracle import gradient_errors, gradient_oracle
+from attnbench.measure.implementations import names
 from attnbench.measure.oracle import max_abs_error, oracle, oracle_dtype, tolerance
 from attnbench.measure.problems import SETTLE_SECONDS, timing_threads
 from attnbench.measure.timing import default_probe, fault, measure, peak_extra_memory
@@ -89,7 +90,7 @@ ORACLE_LIMIT = 2**22
 Row = dict
 #: Backends that run on a GPU: timed with CUDA events on device-resident inputs
 #: (:mod:`attnbench.measure.gpu_timing`), host<->device copies timed apart.
-GPU_BACKENDS = ("cuda", "torch-cuda")
+GPU_BACKENDS = names(device="gpu")
 #: Where the GEMM peak of CPU rows comes from (GPU rows say their own).
 CPU_PEAK_SOURCE = "measured: numpy matmul n=1024 on this host"
 #: Columns of a sweep table, in order (then the machine columns).
