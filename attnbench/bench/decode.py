@@ -9,8 +9,8 @@ Each group is timed in interleaved rounds (:func:`attnbench.bench.sections.inter
   ÷ time, against the probe's bytes ÷ time;
 - ``splits``: B=1, H=8, Hkv=1 (MQA), cache ``decode_mqa_length``, ``num_splits=0`` against 1
   (which runs on one thread), beside the probe on one thread and on the run's threads: a
-  step bound by memory gains from the threads at most what the probe gains (on the 2-core
-  Zen 4 VM, 2026-12-07: 1.04-1.18x in three runs), so the target's 1.7x measures how well
+  step bound by memory gains from the threads at most what the probe gains (on two cores
+  that can be little more than 1x), so the target's 1.7x measures how well
   the threads share the arithmetic and hide the reads, not bandwidth;
 - ``gqa``: H=32/Hkv=8 against H=8/Hkv=8 on the same cache (the same bytes read);
 - ``paged``: page sizes 16 and 256, pages in shuffled order, against the contiguous cache;

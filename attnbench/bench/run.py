@@ -19,9 +19,9 @@ Implementations:
 
 A peer that is not installed is reported as missing (a row with that status), not
 dropped.  torch is imported before Numba's OpenMP threading layer starts: imported
-after it, then given ``torch.set_num_threads``, torch's SDPA ran 5x slower here (L=1024:
-110-118 ms against 20-21 ms; torch 2.13, Numba 0.68 with the omp layer), which would
-flatter numba.  Sections of the table (column ``section``; ``--only`` runs some):
+after it, then given ``torch.set_num_threads``, torch's SDPA runs about five times
+slower (Numba's omp layer and torch's OpenMP runtime contend), which would flatter
+numba.  Sections of the table (column ``section``; ``--only`` runs some):
 
 - ``speed``: B=1, H=12, D=64, every L, causal and not: time, GFLOP/s (visible pairs,
   :mod:`attnbench.measure.flops`), % of the float32 GEMM peak measured in this run

@@ -142,7 +142,8 @@ def interleaved_medians(functions: dict, *, rounds: int = 5, max_time: float = 0
         parallel launch waits for a thread that another process holds).  The timing starts
         :data:`~attnbench.measure.problems.SETTLE_SECONDS` after the limit: the process's
         CPU time counts every thread, and a BLAS worker left spinning by an earlier
-        multi-threaded product (50-100 ms) would otherwise count as the call's work.
+        multi-threaded product (for tens of milliseconds) would otherwise count as the
+        call's work.
 
     Returns
     -------

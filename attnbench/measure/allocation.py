@@ -4,11 +4,10 @@ A call that materialises L x L arrays (the reference, the NumPy peer) allocates 
 tens to hundreds of MiB per call.  glibc's ``malloc`` serves blocks above its mmap threshold
 (128 KiB at first, raised as blocks are freed, at most 32 MiB) with fresh ``mmap`` pages and
 returns them to the kernel on ``free``: every call then faults its pages in again and the
-kernel zeroes them.  On the machine this was measured on (an AMD EPYC, 2 cores), that was
-30-50% of the float64 reference's time at L >= 1024 (4 heads, one thread: 18 ns per score
-entry, against 12 ns with the pages kept), it varied from call to call with what the kernel
-had free, and it changed regime where the arrays cross 32 MiB: a fit of time against L
-then saw a step as curvature (L^2.2-2.5 where the work is L^2).
+kernel zeroes them.  That can be a third or more of the float64 reference's time at
+L >= 1024, it varies from call to call with what the kernel has free, and it changes
+regime where the arrays cross 32 MiB: a fit of time against L then sees a step as
+curvature (L^2.2-2.5 where the work is L^2).
 
 :func:`steady_allocation` keeps freed memory in the process while timing (``mallopt``:
 no mmap for large blocks, no trimming), so repeated calls reuse their pages, as a

@@ -38,7 +38,7 @@ SEED = 0
 BOOL_MASK_DENSITY = 0.7
 #: Dropout probability of the "dropout" mask kind.
 DROPOUT_P = 0.1
-#: Pause (s) before timing each backend: OpenBLAS's workers spin 50-100 ms after a call.
+#: Pause (s) before timing each backend: OpenBLAS's workers spin for a while after a call.
 SETTLE_SECONDS = 0.2
 
 #: Mask kinds, each applied alone, and what they pass to :func:`kernels.attention`.

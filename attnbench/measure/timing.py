@@ -176,8 +176,8 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
     repeat : int, default 7
         Number of timed batches wanted in the first round.
     min_time : float, default 1e-3
-        Shortest batch, in seconds, when ``number`` is chosen automatically; ``perf_counter``
-        resolves ~100 ns, so a 1 ms batch is timed to ~1e-4 relative precision.
+        Shortest batch, in seconds, when ``number`` is chosen automatically;
+        ``perf_counter`` resolves about a ten-thousandth of the default batch.
     max_time : float, default 1.0
         Wall-clock budget, in seconds, for the first round (the warm-up is not counted).
         No batch is started that is expected to end past it once ``min_repeat`` batches
@@ -199,7 +199,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 7,
         Relative half-width of the median's 95% interval below which it is not noisy.
     budget : float, default 0
         Seconds of further rounds (each of ``max(repeat, 5)`` batches, the probe read
-        before and after) while the timing is noisy.  0: one round, as before.
+        before and after) while the timing is noisy.  0: one round.
     probe : Probe, optional
         Read around every round; rounds it saw disturbed are set aside when at least
         :data:`MIN_INTERVAL_SAMPLES` quiet samples remain.
@@ -297,10 +297,9 @@ def interleaved(functions: dict, *, rounds: int = 7, min_time: float = 1e-3,
         Pause after each batch (seconds), so that the threads it woke go idle.
     rewarm : bool, optional
         One untimed call before each batch of a round, after the pause (default: when
-        ``settle`` > 0).  On the 2-core VMs this project is measured on, the first
-        parallel call after ~0.1 s of idle runs as if on one core for several ms (the
-        second vCPU comes back slowly: ``scripts/idle_wake.py``); a timed batch that began
-        with it measured that, not the function (a bfloat16 decode step of 4.4 ms read 5.8).
+        ``settle`` > 0).  On small virtual machines the first parallel call after a
+        tenth of a second idle can run as if on one core for a while (an idle vCPU comes
+        back slowly); a timed batch that began with it measures that, not the function.
     budget : float, default 0
         Seconds for further rounds while some function's median is noisy.
     max_rounds : int, default 200

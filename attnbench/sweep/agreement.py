@@ -207,8 +207,8 @@ def agreement_table(grid: str = "default", *, backends=None, dtypes=DTYPES,
     All accuracy checks run first; then each backend is timed on every case in turn,
     after a pause of ``settle`` seconds.  Interleaving backends case by case would time
     each one while the previous one's thread pool is still busy-waiting: OpenBLAS's
-    workers spin for 50-100 ms after a BLAS call, and on 2 cores that made the numba
-    kernel 2.2x slower, with a small IQR that hid it.
+    workers spin for a while after a BLAS call, and on 2 cores that makes the numba
+    kernel about twice as slow, with a small IQR that hides it.
     """
     if grid not in GRIDS:
         raise ValueError(f"grid {grid!r} is unknown; expected one of {sorted(GRIDS)}")

@@ -297,8 +297,8 @@ def expand(grids) -> list[Point]:
 LENGTHS = (256, 416, 640, 1024, 1600, 2560, 4096)
 #: Sequence lengths of the window series: 1024 to 16384, ratio ~1.6.
 WINDOW_LENGTHS = (1024, 1600, 2560, 4096, 6400, 10240, 16384)
-#: Cache lengths of the decode series: 1024 to 65536, doublings (a step is fast: ~1 ms
-#: per 32 MiB of K and V).
+#: Cache lengths of the decode series: 1024 to 65536, doublings (a step reads its cache
+#: once: fast).
 DECODE_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 #: Named grids.  "quick" is what ``attnbench run`` sweeps (a minute or two on 2 quiet cores);

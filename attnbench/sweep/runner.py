@@ -321,8 +321,8 @@ class PointRunner:
         out = call()  # compiles on first use; this output is the one checked
         if point.direction == "backward":
             out = (out, getattr(call, "lse", None))  # the gradients, and the lse they used
-        # Batches of at least 10 ms (several scheduler time slices: on a shared machine a
-        # 1 ms batch is either undisturbed or a whole slice late, and its median flips
+        # Batches of several scheduler time slices (on a shared machine a batch of less
+        # than one is either undisturbed or a whole slice late, and its median flips
         # between the two), up to 15 in max_time and at least 6 (the fewest with a 95%
         # interval of the median), then rounds within as much again while the interval is
         # wide or the probe sees interference (measure.timing).  A point the sweep times

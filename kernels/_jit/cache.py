@@ -1,15 +1,15 @@
 """Numba's on-disk cache, made to notice edits of the helpers a cached kernel calls.
 
-Numba stamps a cached function with its own source file only: a kernel in ``numba_cpu.py``
-that inlines ``fast_exp`` from ``_numba_math.py`` would keep its stale machine code after
-``_numba_math.py`` changed.  Importing this module puts :class:`PackageCacheLocator` first
-in Numba's list of cache locators: for a function defined in this package it finds the
-cache directory as Numba would (``NUMBA_CACHE_DIR``, ``__pycache__``, the user's cache),
-and stamps the entry with the contents of its own file *and* of every module of the
-package that file imports, transitively, in any subpackage (read from its module-level
-``import`` statements: relative ones of any level and absolute ``kernels.…`` ones).  A change
-to any of them makes the entry stale and the kernel is compiled again.  Functions outside
-the package are left to Numba's own locators.
+Numba stamps a cached function with its own source file only: a kernel in
+``numba_cpu/forward.py`` that inlines ``exp32`` from ``_jit/math.py`` would keep its stale
+machine code after ``_jit/math.py`` changed. Importing this module puts
+:class:`PackageCacheLocator` first in Numba's list of cache locators: for a function
+defined in this package it finds the cache directory as Numba would (``NUMBA_CACHE_DIR``,
+``__pycache__``, the user's cache), and stamps the entry with the contents of its own file
+*and* of every module of the package that file imports, transitively, in any subpackage
+(read from its module-level ``import`` statements: relative ones of any level and absolute
+``kernels.…`` ones). A change to any of them makes the entry stale and the kernel is
+compiled again. Functions outside the package are left to Numba's own locators.
 
 This relies on ``numba.core.caching.CacheImpl._locator_classes`` (``_CacheImpl`` in older
 Numba versions; the list that the

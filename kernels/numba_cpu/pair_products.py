@@ -2,8 +2,8 @@
 
 A bfloat16 step reads half the bytes of a float32 one, but with its loads widened to
 float32 (:mod:`kernels.numba_cpu.products`) it does the same arithmetic, one fused
-multiply-add per product: at GQA 32/8 on a 2-core AMD EPYC that arithmetic, not the
-memory, set its time (docs/guide/decode.md).  Here both products take their operands as
+multiply-add per product: at GQA 32/8 on two cores that arithmetic, not the memory, sets
+its time (docs/guide/decode.md).  Here both products take their operands as
 **pairs** of bfloat16 (two in each 32-bit lane) and add two products per lane and step:
 
 - :func:`pair_row_dots`: ``c[r] = a[r, :depth] · b[:depth]`` with ``a`` (the queries) and
@@ -257,10 +257,9 @@ def pair_rows_product(typingctx, w, w0, ldw, b, rows, nk, col0, ldb, c, c0, ldc,
     from the first, an odd last key paired with zeros: the sums do not depend on where the
     rows lie.  Each 32 columns of a pair of rows are two 64-byte loads and two in-lane
     unpacks, their accumulators held in the unpacks' order (permuted once on load and once
-    on store); 16 columns left over are interleaved in natural order.  Against the
-    cross-lane interleave of 16 columns per vector (the product it replaced, over runs of
-    eight keys), one thread, keys in L2, R = 4, Dv = 128: 4.9 against 6.7 ns per key over
-    runs of 64 keys, 8.3 against 9.4 over runs of 8 (2026-12-07, Zen 4 VM).
+    on store); 16 columns left over are interleaved in natural order.  In-lane unpacks
+    are cheaper per key than a cross-lane interleave of 16 columns per vector, over long
+    runs of keys and short ones (docs/guide/decode.md).
 
     Before the pair ``t, t + 1`` it prefetches (into L2) columns ``col0 .. col0 + ncols``
     of rows ``ahead[t]`` and ``ahead[t + 1]`` for ``t < n_ahead`` (the rows taken next:
