@@ -276,3 +276,25 @@ def slows_the_clock(q, k, v, **kwargs):
         defaults["clock"] = lambda: real() / 100
         timing._slowed = True
     return kernels.attention(q, k, v, backend="numba", **kwargs)
+
+
+_BY_IDENTITY: dict = {}
+
+
+def caches_by_identity(q, k, v, **kwargs):
+    """An output cache keyed on the arrays' identity, keeping them alive (so an identity
+    is never reused): stale when a caller writes new values into the same arrays."""
+    key = (id(q), id(k), id(v), repr(sorted(kwargs.items())))
+    if key not in _BY_IDENTITY:
+        _BY_IDENTITY[key] = ((q, k, v), _reference(q, k, v, **kwargs))
+    return _BY_IDENTITY[key][1].copy()
+
+
+def correct_when_small(q, k, v, **kwargs):
+    """Correct on up to 64 x 64 query-key pairs per head (a test-sized problem), the mean
+    of v above."""
+    if q.shape[-2] * k.shape[-2] <= 64 * 64:
+        return _reference(q, k, v, **kwargs)
+    group = q.shape[-3] // k.shape[-3]
+    mean = np.repeat(v.mean(axis=-2, keepdims=True), group, axis=-3)
+    return np.broadcast_to(mean, (*q.shape[:-1], v.shape[-1])).astype(q.dtype)

@@ -16,6 +16,7 @@ from attnbench import kernels
 from attnbench.conformance import subject, wire
 from attnbench.conformance.battery import all_checks, run_checks
 from attnbench.conformance.cases import CASES, DRAWN, drawn_cases, features, inputs
+from attnbench.conformance.integrity import MANY, many_calls
 from attnbench.conformance.runner import conform
 from tests import conformance_impls as impls
 
@@ -70,7 +71,8 @@ def test_drawn_problems_follow_the_seed_cover_the_features_and_every_row_sees_a_
     seen = set()
     for seed in range(20):
         cases = drawn_cases(seed)
-        assert len(cases) == DRAWN and len({c.name for c in cases}) == DRAWN
+        assert len(cases) == DRAWN + 1 and len({c.name for c in cases}) == DRAWN + 1
+        assert max(c.spec.sizes[3] * c.spec.sizes[4] for c in cases) > 64 * 64  # a large one
         for case in cases:
             seen |= features(case.spec, "float32")
             q, k, v, kwargs = inputs(case.spec, "float32", seed)
@@ -109,7 +111,7 @@ def test_two_runs_draw_new_problems_and_the_seed_replays_a_run():
         cases = _property(report["implementations"][0], "agreement-float64")["cases"]
         return [c["case"] for c in cases if c["case"].startswith("drawn")]
 
-    assert drawn(first) != drawn(second) and len(drawn(first)) == DRAWN
+    assert drawn(first) != drawn(second) and len(drawn(first)) == DRAWN + 1
     replay = conform(["reference"], quick=True, seed=first["seed"])
 
     def results(report):
@@ -159,3 +161,30 @@ def test_the_speed_section_is_timed_by_the_judge_s_clock(monkeypatch):
     assert all(p["ratio_to_numba"] > 0.3 for p in points), points
     assert _property(entry, "after-timing")["status"] == "pass"
     assert entry["verdict"] == "conforms"
+
+
+# --- what the process boundary must not hide, and what a fixed battery would miss -------
+
+
+def test_a_kept_output_buffer_is_seen_across_the_process_boundary():
+    report = conform([f"{IMPLS}:reuses_its_buffer"], quick=True)
+    fresh = _property(report["implementations"][0], "fresh-output")
+    assert fresh["status"] == "fail" and "output buffer is reused" in fresh["detail"]
+
+
+def test_a_cache_keyed_on_identity_fails_on_values_written_in_place():
+    checks = [c for c in all_checks(quick=True, seed=3) if c.property == "no-cache"]
+    result = run_checks(subject(impls.caches_by_identity), checks)[0]
+    assert result["status"] == "fail" and "in place" in result["detail"], result
+
+
+def test_an_implementation_correct_only_on_small_problems_fails_the_large_drawn_one():
+    checks = [c for c in all_checks(quick=True, seed=4) if c.property == "agreement-float32"]
+    cases = run_checks(subject(impls.correct_when_small), checks)[0]["cases"]
+    failed = [c["case"] for c in cases if c["status"] == "fail"]
+    assert failed and all(name.startswith(f"drawn-{DRAWN + 1}") for name in failed), failed
+
+
+def test_the_count_of_calls_before_the_drift_check_is_drawn_each_run():
+    counts = {many_calls(seed) for seed in range(50)}
+    assert min(counts) >= MANY[0] and max(counts) < MANY[1] and len(counts) > 20

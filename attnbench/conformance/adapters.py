@@ -64,14 +64,19 @@ def _copied_keywords(kwargs):
 
 
 class Watched:
-    """One call's output and what the call did to the arrays it was given."""
+    """One call's output and what the call did to the arrays it was given and to the
+    outputs of the calls watched before it."""
 
-    def __init__(self, output, changed=(), aliased=()):
+    def __init__(self, output, changed=(), aliased=(), reused=False, earlier_changed=False):
         self.output = output
         #: the names of the arrays whose bytes (or shape) the call changed
         self.changed = list(changed)
         #: the names of the arrays the output shares memory with
         self.aliased = list(aliased)
+        #: whether the output shares memory with an earlier watched call's output
+        self.reused = reused
+        #: whether the call changed an earlier watched call's output
+        self.earlier_changed = earlier_changed
 
 
 def watch(given: dict, call) -> Watched:
@@ -86,9 +91,24 @@ def watch(given: dict, call) -> Watched:
 
 
 class _InProcess:
-    """What every adapter of a function in this process shares: the thread limit of its
-    calls and its timed calls (:mod:`attnbench.conformance.remote` does both across the
-    process boundary)."""
+    """What every adapter of a function in this process shares: watched calls, the thread
+    limit of its calls and its timed calls (:mod:`attnbench.conformance.remote` offers the
+    same across the process boundary)."""
+
+    #: Outputs of earlier watched calls kept alive (and their bytes), so that a call that
+    #: hands back or writes into a buffer it kept is seen, in whatever process it runs.
+    KEPT = 4
+
+    def forward_watched(self, q, k, v, kwargs) -> Watched:
+        """One call on copies of the inputs: its output, the inputs it changed or its
+        output aliases, and whether it reused or changed an earlier watched output."""
+        watched = self._forward_watched(q, k, v, kwargs)
+        kept = self.__dict__.setdefault("_kept", [])
+        watched.reused = any(np.shares_memory(watched.output, earlier) for earlier, _ in kept)
+        watched.earlier_changed = any(earlier.tobytes() != before for earlier, before in kept)
+        kept.append((watched.output, watched.output.tobytes()))
+        del kept[:-self.KEPT]
+        return watched
 
     def threads(self, n: int):
         """A context in which the calls run on ``n`` threads."""
@@ -114,12 +134,21 @@ class KernelsAdapter(_InProcess):
     def forward(self, q, k, v, kwargs):
         return to_numpy(self.function(*_copies(q, k, v), **_copied_keywords(kwargs)))
 
-    def forward_watched(self, q, k, v, kwargs) -> Watched:
+    def _forward_watched(self, q, k, v, kwargs) -> Watched:
         arrays, keywords = _copies(q, k, v), _copied_keywords(kwargs)
         given = {**dict(zip("qkv", arrays, strict=True)),
                  **{key: value for key, value in keywords.items()
                     if isinstance(value, np.ndarray)}}
         return watch(given, lambda: self.function(*arrays, **keywords))
+
+    def forward_in_place(self, q, k, v, kwargs, q2, k2, v2):
+        """Two calls on the same array objects: on copies of q, k, v, then with q2, k2, v2
+        written into those arrays in place."""
+        arrays, keywords = _copies(q, k, v), _copied_keywords(kwargs)
+        first = to_numpy(self.function(*arrays, **keywords))
+        for array, new in zip(arrays, (q2, k2, v2), strict=True):
+            array[...] = new
+        return first, to_numpy(self.function(*arrays, **keywords))
 
     def forward_lse(self, q, k, v, kwargs):
         result = self.function(*_copies(q, k, v), return_lse=True, **kwargs)
@@ -163,7 +192,7 @@ class SdpaAdapter(_InProcess):
         with self.torch.no_grad():
             return to_numpy(self.function(*tensors, **sdpa))
 
-    def forward_watched(self, q, k, v, kwargs) -> Watched:
+    def _forward_watched(self, q, k, v, kwargs) -> Watched:
         tensors, sdpa = self._arguments(q, k, v, kwargs)
         given = {name: t.numpy() for name, t in zip(("query", "key", "value"), tensors,
                                                      strict=True)}
@@ -174,6 +203,15 @@ class SdpaAdapter(_InProcess):
             with self.torch.no_grad():
                 return self.function(*tensors, **sdpa)
         return watch(given, call)
+
+    def forward_in_place(self, q, k, v, kwargs, q2, k2, v2):
+        """Two calls on the same tensors: q, k, v, then q2, k2, v2 written into them."""
+        tensors, sdpa = self._arguments(q, k, v, kwargs)
+        with self.torch.no_grad():
+            first = to_numpy(self.function(*tensors, **sdpa))
+            for tensor, new in zip(tensors, (q2, k2, v2), strict=True):
+                tensor.copy_(self.torch.from_numpy(np.ascontiguousarray(new)))
+            return first, to_numpy(self.function(*tensors, **sdpa))
 
     def forward_lse(self, q, k, v, kwargs):
         raise Unsupported("SDPA's signature returns no log-sum-exp")
@@ -248,10 +286,14 @@ class JaxAdapter(_InProcess):
         tensors, arguments = self._arguments(q, k, v, kwargs)
         return np.swapaxes(to_numpy(self.function(*tensors, **arguments)), 1, 2)
 
-    def forward_watched(self, q, k, v, kwargs) -> Watched:
+    def _forward_watched(self, q, k, v, kwargs) -> Watched:
         """jax arrays are immutable and never share the battery's memory: the output
         alone is watched."""
         return watch({}, lambda: self.forward(q, k, v, kwargs))
+
+    def forward_in_place(self, q, k, v, kwargs, q2, k2, v2):
+        """jax arrays are immutable: two calls on new arrays."""
+        return self.forward(q, k, v, kwargs), self.forward(q2, k2, v2, kwargs)
 
     def forward_lse(self, q, k, v, kwargs):
         tensors, arguments = self._arguments(q, k, v, kwargs)

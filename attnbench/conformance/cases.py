@@ -23,6 +23,7 @@ alone, tried once per implementation to find what it supports
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 
@@ -104,7 +105,9 @@ def features(spec: ProblemSpec, dtype) -> frozenset:
     return frozenset(needed)
 
 
-#: Problems drawn from each run's seed beside the named table (each in both dtypes).
+#: Problems drawn from each run's seed beside the named table (each in both dtypes): this
+#: many small ones, and one large (L 65-320, D up to 128), so that an implementation that
+#: is correct only on small problems fails.
 DRAWN = 8
 
 #: The maskings a drawn problem takes (each run draws :data:`DRAWN` of them, no repeats).
@@ -137,27 +140,38 @@ def describe(spec: ProblemSpec) -> str:
     return " ".join(words)
 
 
-def drawn_cases(seed: int, count: int = DRAWN) -> tuple[Case, ...]:
-    """``count`` problems drawn from ``seed``: B 1-3, Hkv 1-3 with 1-3 query heads each,
-    Lq and Lk 1-40, D 2-40, Dv = D or 2-40, a masking of :data:`_MASKINGS` each (no two
-    alike), and half of them an explicit scale.  Each query sees at least one key."""
-    rng = np.random.default_rng(case_seed(seed, "drawn"))
-    found = []
-    for number, which in enumerate(rng.permutation(len(_MASKINGS))[:count], start=1):
-        masking = _MASKINGS[which]
+def _drawn(rng, number: int, masking: dict, large: bool) -> Case:
+    if large:
+        Hkv, group, B = int(rng.integers(1, 3)), int(rng.integers(1, 3)), 1
+        Lq, Lk = (int(x) for x in rng.integers(65, 321, size=2))
+        D = int(rng.choice([32, 48, 64, 80, 96, 128]))
+        Dv = D if rng.random() < 0.5 else int(rng.choice([32, 64, 128]))
+    else:
         Hkv, group, B = (int(x) for x in rng.integers(1, 4, size=3))
         Lq, Lk = (int(x) for x in rng.integers(1, 41, size=2))
-        if masking.get("causal") == "bottom-right":
-            Lq = min(Lq, Lk)  # bottom-right: query 0 sees key Lk - Lq
         D = int(rng.integers(2, 41))
         Dv = D if rng.random() < 0.5 else int(rng.integers(2, 41))
-        scale = round(float(rng.uniform(0.05, 1.5)), 4) if rng.random() < 0.5 else None
-        spec = ProblemSpec(B=B, H=Hkv * group, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, Dv=Dv,
-                           scale=scale, **masking)
-        name = f"drawn-{number} ({describe(spec)})"
-        found.append(Case(name, ProblemSpec(name=name, **{
-            f: getattr(spec, f) for f in ("B", "H", "Hkv", "Lq", "Lk", "D", "Dv", "causal",
-                                          "mask", "key_lengths", "scale")})))
+    if masking.get("causal") == "bottom-right":
+        Lq = min(Lq, Lk)  # bottom-right: query 0 sees key Lk - Lq
+    scale = round(float(rng.uniform(0.05, 1.5)), 4) if rng.random() < 0.5 else None
+    spec = ProblemSpec(B=B, H=Hkv * group, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, Dv=Dv, scale=scale,
+                       **masking)
+    name = f"drawn-{number} ({describe(spec)})"
+    return Case(name, dataclasses.replace(spec, name=name))
+
+
+def drawn_cases(seed: int, count: int = DRAWN) -> tuple[Case, ...]:
+    """``count`` small problems drawn from ``seed`` and one large: B 1-3, Hkv 1-3 with 1-3
+    query heads each, Lq and Lk 1-40, D 2-40, Dv = D or 2-40 (the large one: B 1, 1-2 kv
+    heads with 1-2 query heads each, Lq and Lk 65-320, D 32-128), a masking of
+    :data:`_MASKINGS` each (no two small ones alike), and half of them an explicit scale.
+    Each query sees at least one key."""
+    rng = np.random.default_rng(case_seed(seed, "drawn"))
+    order = rng.permutation(len(_MASKINGS))
+    found = [_drawn(rng, number, _MASKINGS[which], large=False)
+             for number, which in enumerate(order[:count], start=1)]
+    found.append(_drawn(rng, count + 1, _MASKINGS[int(rng.integers(len(_MASKINGS)))],
+                        large=True))
     return tuple(found)
 
 

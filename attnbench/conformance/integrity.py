@@ -8,16 +8,20 @@ Each is a correctness property whose failure names what happened:
   (KernelBench's adversarial kernels).
 - ``fresh-output``: the output is a new buffer: it shares no memory with an input, and a
   second call neither returns the first call's buffer nor writes into it (outputs picked
-  up from a buffer the harness freed, or one kept between calls).
+  up from a buffer the harness freed, or one kept between calls; the adapter keeps the
+  earlier outputs alive where the call runs, so that reuse can be seen there).
 - ``no-cache``: new values give their own correct output: in new arrays of the same
   shapes, and in arrays that differ from the last call's only where a light fingerprint
   does not look (one element of k and of v changed, each with another that keeps its sum:
   the same shapes, sums, first and last elements).  A result cached by identity, shape or
   fingerprint fails (an agent-written kernel in FlashInfer-Bench's contest sped up by an
   output cache keyed on a light fingerprint of its input).
-- ``after-many-calls``: correct on new values after :data:`MANY` calls (a kernel that is
-  correct for its first calls, then drifts: gpu-mode's exploits; llm.c PR 852).  The full
-  battery checks this again after its speed section (``after-timing``).
+- ``no-cache`` also writes new values in place into the arrays of the call before and
+  calls again with the same objects (a cache keyed on the arrays' identity or address).
+- ``after-many-calls``: correct on new values after a number of calls drawn in
+  :data:`MANY` (a kernel that is correct for its first calls, then drifts: gpu-mode's
+  exploits; llm.c PR 852).  The full battery checks this again after its speed section
+  (``after-timing``), and at the sizes it timed.
 
 The values are the battery's (:func:`~attnbench.conformance.cases.inputs`), new each run:
 a non-zero mean and rows whose answer lies far from the mean of V, so that a constant, a
@@ -37,8 +41,9 @@ from attnbench.measure.problems import ProblemSpec
 
 __all__ = ["MANY", "after_timing_checks", "checks"]
 
-#: Calls before the ``after-many-calls`` check.
-MANY = 64
+#: The fewest and the most calls before the ``after-many-calls`` check; each run draws
+#: its count between them (log-uniform, from the run's seed), so no count is safe to wait.
+MANY = (256, 2048)
 
 #: The problems: plain, and each way of hiding keys (the arrays a call receives differ).
 _PROBLEMS = (("plain", ProblemSpec(B=2, H=2, Lq=9, Lk=11, D=8)),
@@ -72,12 +77,11 @@ def _fresh_output(spec, seed, subject) -> Outcome:
     if first.aliased:
         return Outcome("fail", f"the output shares memory with the input(s) "
                                f"{_named(first.aliased)}: it must be a new array")
-    kept = np.array(first.output, copy=True)
     second = subject.adapter.forward_watched(q, k, v, kwargs)
-    if np.shares_memory(first.output, second.output):
+    if second.reused:
         return Outcome("fail", "the second call returned the first call's output buffer: "
                                "an output buffer is reused across calls")
-    if first.output.tobytes() != kept.tobytes():
+    if second.earlier_changed:
         return Outcome("fail", "the second call wrote into the first call's output")
     return judge(second.output, q, k, v, kwargs)
 
@@ -128,10 +132,20 @@ def _no_cache(spec, seed, subject) -> Outcome:
     if outcome.status != "pass":
         return outcome
     k3, v3 = _fingerprint_twin(k2, v2, np.random.default_rng(case_seed(seed, "twin")))
-    return _judged(subject, q2, k3, v3, kwargs,
-                   "values that differ from the last call's only in a few elements of k and v "
-                   "(the same shapes, sums, first and last elements) gave a wrong output "
-                   "({}): a result cached between calls?")
+    outcome = _judged(subject, q2, k3, v3, kwargs,
+                      "values that differ from the last call's only in a few elements of k "
+                      "and v (the same shapes, sums, first and last elements) gave a wrong "
+                      "output ({}): a result cached between calls?")
+    if outcome.status != "pass":
+        return outcome
+    q4, k4, v4, _ = _values(spec, seed, "cache", 4)
+    _, again = subject.adapter.forward_in_place(q2, k2, v2, kwargs, q4, k4, v4)
+    outcome = judge(again, q4, k4, v4, kwargs, diagnose_failure=False)
+    if outcome.status == "fail":
+        outcome.detail = (f"new values written in place into the arrays of the call before "
+                          f"gave a wrong output ({outcome.detail}): a result cached by the "
+                          "arrays' identity or address?")
+    return outcome
 
 
 def _after_calls(spec, calls, what, seed, subject) -> Outcome:
@@ -140,6 +154,21 @@ def _after_calls(spec, calls, what, seed, subject) -> Outcome:
         subject.adapter.forward(q, k, v, kwargs)
     q2, k2, v2, _ = _values(spec, seed, what, 2)
     return _judged(subject, q2, k2, v2, kwargs, f"wrong on new values {what} ({{}})")
+
+
+def many_calls(seed: int) -> int:
+    """The run's count of calls before ``after-many-calls`` (in :data:`MANY`)."""
+    rng = np.random.default_rng(case_seed(seed, "many"))
+    return int(np.exp(rng.uniform(np.log(MANY[0]), np.log(MANY[1]))))
+
+
+def _at_speed_size(seed, subject) -> Outcome:
+    """New values at the speed section's sizes, after it: what was timed is judged too."""
+    from attnbench.conformance.speed import JUDGED_LENGTH, problem_at
+
+    q, k, v, kwargs = problem_at(JUDGED_LENGTH, case_seed(seed, "speed-size"))
+    return _judged(subject, q, k, v, kwargs, "wrong at the speed section's sizes "
+                   f"(L = {JUDGED_LENGTH}) after it ({{}})")
 
 
 def checks(seed: int = 0) -> list[Check]:
@@ -157,17 +186,20 @@ def checks(seed: int = 0) -> list[Check]:
         found.append(Check("no-cache", "correctness", name,
                            functools.partial(_no_cache, spec, seed),
                            features(spec, "float32")))
-    plain = _PROBLEMS[0][1]
-    found.append(Check("after-many-calls", "correctness", f"{MANY}-calls",
-                       functools.partial(_after_calls, plain, MANY,
-                                         f"after {MANY} calls on the same problem", seed),
+    plain, many = _PROBLEMS[0][1], many_calls(seed)
+    found.append(Check("after-many-calls", "correctness", f"{many}-calls",
+                       functools.partial(_after_calls, plain, many,
+                                         f"after {many} calls on the same problem", seed),
                        features(plain, "float32")))
     return found
 
 
 def after_timing_checks(seed: int = 0) -> list[Check]:
-    """The check that follows the speed section: correct on new values after being timed."""
+    """The checks that follow the speed section: correct on new values after being timed,
+    on a small problem and at the sizes it was timed at."""
     plain = _PROBLEMS[0][1]
     return [Check("after-timing", "correctness", "after-speed",
                   functools.partial(_after_calls, plain, 1, "after the speed section", seed),
-                  features(plain, "float32"))]
+                  features(plain, "float32")),
+            Check("after-timing", "correctness", "speed-size",
+                  functools.partial(_at_speed_size, seed), features(plain, "float32"))]

@@ -126,7 +126,12 @@ class RemoteAdapter:
 
     def forward_watched(self, q, k, v, kwargs) -> Watched:
         found = self.ask("call", method="forward_watched", args=[q, k, v, kwargs])
-        return Watched(found["output"], found["changed"], found["aliased"])
+        return Watched(found["output"], found["changed"], found["aliased"], found["reused"],
+                       found["earlier_changed"])
+
+    def forward_in_place(self, q, k, v, kwargs, q2, k2, v2):
+        return tuple(self.ask("call", method="forward_in_place",
+                              args=[q, k, v, kwargs, q2, k2, v2]))
 
     def forward_lse(self, q, k, v, kwargs):
         return tuple(self.ask("call", method="forward_lse", args=[q, k, v, kwargs]))

@@ -31,13 +31,22 @@ from attnbench.measure.flops import attention_flops
 from attnbench.measure.timing import interleaved, ratio_interval
 from attnbench.studies.fits import P_GRID, fit_scaling
 
-__all__ = ["LENGTHS", "SLOW_CALL", "checks"]
+__all__ = ["JUDGED_LENGTH", "LENGTHS", "SLOW_CALL", "checks", "problem_at"]
 
 #: Sequence lengths of the speed series.
 LENGTHS = (128, 256, 512, 768, 1024, 1536, 2048)
 #: A call slower than this (seconds) ends the series.
 SLOW_CALL = 1.0
+#: The length the after-timing check judges at (new values, after the speed section).
+JUDGED_LENGTH = 1024
 _B, _H, _D = 1, 4, 64
+
+
+def problem_at(L: int, seed: int, causal: bool = False):
+    """``q, k, v, kwargs`` of the speed section's shape at length ``L``."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((_B, _H, L, _D)).astype(np.float32) for _ in range(3))
+    return q, k, v, ({"causal": True} if causal else {})
 
 
 @functools.cache
@@ -57,11 +66,9 @@ def _series(causal: bool, subject) -> Outcome:
 
 
 def _timed_series(causal: bool, subject) -> Outcome:
-    rng = np.random.default_rng(31)
-    kwargs = {"causal": True} if causal else {}
     xs, samples, ratios, points = [], [], [], []
     for L in LENGTHS:
-        q, k, v = (rng.standard_normal((_B, _H, L, _D)).astype(np.float32) for _ in range(3))
+        q, k, v, kwargs = problem_at(L, 31 + L, causal)
         timings = interleaved(subject.adapter.timed_calls(q, k, v, kwargs),
                               rounds=7, min_time=0.02, warmup=1)
         impl, ours = timings["impl"], timings["numba"]

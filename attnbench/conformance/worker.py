@@ -14,7 +14,9 @@ Requests (``{"op": ...}``):
 - ``load`` (``spec``, ``convention``, ``backward``): resolve and adapt the implementation;
   the answer is its name, convention and versions, or the load error.
 - ``call`` (``method``, ``args``): one adapter call (``forward``, ``forward_watched``,
-  ``forward_lse``, ``backward``, ``native_causal``, ``dropout``); the answer is its
+  ``forward_in_place``, ``forward_lse``, ``backward``, ``native_causal``, ``dropout``;
+  the adapter keeps the last watched outputs alive here, where reuse can be seen); the
+  answer is its
   result, or the exception it raised (its type, description, and whether it is a refusal).
 - ``threads`` (``n``): the calls that follow run on ``n`` threads (None: as at start).
 - ``stage`` (``who``: ``impl`` or ``numba``, ``args``) and ``run`` (``handle``): a call
@@ -72,7 +74,8 @@ class _Server:
         result = getattr(self.adapter, method)(*args)
         if method == "forward_watched":
             return {"output": result.output, "changed": result.changed,
-                    "aliased": result.aliased}
+                    "aliased": result.aliased, "reused": result.reused,
+                    "earlier_changed": result.earlier_changed}
         return result
 
     def limit(self, n) -> None:
