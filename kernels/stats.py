@@ -31,8 +31,8 @@ def median_interval(samples, confidence: float = 0.95) -> tuple[float, float, fl
     """``(median, low, high)``: the sample median and its distribution-free interval.
 
     The interval is between order statistics ``k`` and ``n + 1 - k`` (1-based),
-    ``k = interval_rank(n, confidence)`` (the whole range when ``n`` is too small for that
-    confidence).
+    ``k = interval_rank(n, confidence)``; ``low`` and ``high`` are NaN where ``n`` is too
+    small for that confidence (fewer than 6 samples at 95%).
     """
     xs = sorted(float(x) for x in samples)
     n = len(xs)
@@ -40,5 +40,7 @@ def median_interval(samples, confidence: float = 0.95) -> tuple[float, float, fl
         raise ValueError("no samples")
     mid = n // 2
     median = xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
-    k = max(interval_rank(n, confidence), 1)
+    k = interval_rank(n, confidence)
+    if k < 1:
+        return median, math.nan, math.nan
     return median, xs[k - 1], xs[n - k]

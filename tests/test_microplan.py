@@ -104,9 +104,14 @@ def test_unwritable_location_falls_back_to_the_user_cache_then_memory(
     assert mp.plan(np.float32) == (4, 32) and planner["timed"] == 2
 
 
-@pytest.mark.parametrize("n, k", [(5, 1), (9, 2), (20, 6)])
+@pytest.mark.parametrize("n, k", [(6, 1), (9, 2), (20, 6)])
 def test_median_interval_order_statistics(n, k):
     """The 95% interval of the median is order statistics k and n + 1 - k (1-based)."""
     xs = np.arange(1.0, n + 1)[::-1]
     median, lo, hi = stats.median_interval(xs)
     assert median == np.median(xs) and (lo, hi) == (k, n + 1 - k)
+
+
+def test_median_interval_says_when_there_are_too_few_samples():
+    median, lo, hi = stats.median_interval([3.0, 1.0, 2.0, 5.0, 4.0])  # no 95% interval
+    assert median == 3.0 and np.isnan(lo) and np.isnan(hi)

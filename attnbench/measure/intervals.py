@@ -13,7 +13,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from attnbench.kernels.stats import interval_rank
+from attnbench.kernels.stats import median_interval as _order_statistics
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "MIN_INTERVAL_SAMPLES", "format_samples",
            "median_interval", "paired_ratio_interval", "parse_samples", "ratio_interval"]
@@ -40,8 +40,9 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     (low, high) : tuple of float
         ``(x_(k), x_(n+1-k))``, the k-th smallest and largest samples, with k the largest
         rank whose binomial tail ``P(Binomial(n, 1/2) < k)`` is at most ``(1 - confidence)
-        / 2`` (:func:`kernels.stats.interval_rank`).  ``(nan, nan)`` with fewer than
-        :data:`MIN_INTERVAL_SAMPLES` samples (with five, no such interval reaches 95%).
+        / 2`` (:func:`kernels.stats.median_interval`, whose interval this is).
+        ``(nan, nan)`` with fewer than :data:`MIN_INTERVAL_SAMPLES` samples (with five, no
+        such interval reaches 95%).
 
     Notes
     -----
@@ -55,14 +56,10 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     (:mod:`attnbench.studies.scaling`).  Independent samples are assumed: interleaving
     and the probe (:mod:`attnbench.measure.timing`) keep slow drifts and bursts out.
     """
-    values = np.sort(np.asarray(samples, dtype=float))
-    n = values.size
-    if n < MIN_INTERVAL_SAMPLES:
+    if len(samples) < MIN_INTERVAL_SAMPLES:
         return math.nan, math.nan
-    rank = interval_rank(n, confidence)  # P(B < rank) <= tail (kernels.stats, one definition)
-    if rank < 1:
-        return math.nan, math.nan
-    return float(values[rank - 1]), float(values[n - rank])
+    _, low, high = _order_statistics(samples, confidence)  # the one definition
+    return low, high
 
 
 def _median_ratio(a, b, axis=-1):
