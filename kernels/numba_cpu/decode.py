@@ -52,6 +52,7 @@ from .._dtypes import bits_view, compute_dtype
 from .._jit.half import compute_dtype_of, computes_in_float32, narrow, widen
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
+from .._jit.twins import uncached_twin
 from ..mods import cache as mods_cache
 from ..mods.cells import EMPTY
 from ..mods.dense import run_user_code
@@ -65,7 +66,7 @@ from .decode_products import (
     pair_operands,
     round_weights,
 )
-from .forward import _calling, mod_functions
+from .forward import mod_functions
 from .pair_products import PAIR_BLOCK
 from .products import SUM_LANES, ordered_sum
 
@@ -359,9 +360,8 @@ def _merge_splits(part_out, part_lse, out, lse):
         lse[b, h, i] = top + math.log(total)
 
 
-# Twins not cached on disk, for a user function (as kernels.numba_cpu.forward's).
-_decode_task_user = njit(fastmath=FASTMATH, error_model="numpy")(_decode_task.py_func)
-_decode_splits_user = njit(parallel=True)(_calling(_decode_splits, _decode_task=_decode_task_user))
+# For calls with a user's function: not cached on disk (kernels._jit.twins).
+_decode_splits_user = uncached_twin(_decode_splits, _decode_task)
 
 
 def run(problem: DecodeProblem):

@@ -42,7 +42,6 @@ micro-kernel path) is decided in ``kernels.numba_cpu.choose``.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from types import FunctionType
 
 import numba
 import numpy as np
@@ -53,6 +52,7 @@ from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
 from .._jit.half import half_scratch, widen_tile
 from .._jit.launch import BLAS_SINGLE_THREADED_WORK, launch_guard, single_threaded_blas
 from .._jit.math import FASTMATH, float_constants, max_key
+from .._jit.twins import uncached_twin
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
 from ..mods.dense import run_user_code
@@ -267,20 +267,9 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
                               score_fn, score_args)
 
 
-def _calling(launcher, **blocks):
-    """The Python function of ``launcher`` with the functions it calls by the names in
-    ``blocks`` replaced (``_attend_block=`` an uncached twin), to be compiled again."""
-    fn = launcher.py_func
-    return FunctionType(fn.__code__, dict(fn.__globals__, **blocks), fn.__name__)
-
-
-# The same kernel, not cached on disk, for calls with a user function: its dispatcher type
-# cannot be found again in a new process, so a cache entry would never be read.  The
-# cached kernels above serve calls without mods and with built-ins (kernels.mods.cache).
-_attend_block_user = njit(fastmath=FASTMATH, error_model="numpy")(_attend_block.py_func)
-_attention_parallel_user = njit(parallel=True)(
-    _calling(_attention_parallel, _attend_block=_attend_block_user))
-_attention_serial_user = njit(_calling(_attention_serial, _attend_block=_attend_block_user))
+# For calls with a user's function: the same kernels, not cached on disk (kernels._jit.twins).
+_attention_parallel_user = uncached_twin(_attention_parallel, _attend_block)
+_attention_serial_user = uncached_twin(_attention_serial, _attend_block)
 
 
 def block_rows(problem: AttentionProblem, threads: int) -> int:

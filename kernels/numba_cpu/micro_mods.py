@@ -32,12 +32,13 @@ from numba import literally, njit, prange
 
 from .._jit.launch import launch_guard
 from .._jit.math import FASTMATH, float_constants, max_key
+from .._jit.twins import uncached_twin
 from .._problem import AttentionProblem
 from ..mods import cache as mods_cache
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import config
-from .forward import _calling, mod_functions
+from .forward import mod_functions
 from .micro import (
     BLOCK_K,
     BLOCK_Q,
@@ -237,9 +238,8 @@ def _kernel_mods(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, b
                          tile_fn, mask_args, score_fn, score_args)
 
 
-# Twins not cached on disk, for a user function (as kernels.numba_cpu.forward's).
-_attend_mods_user = njit(fastmath=FASTMATH, error_model="numpy")(_attend_mods.py_func)
-_kernel_mods_user = njit(parallel=True)(_calling(_kernel_mods, _attend_mods=_attend_mods_user))
+# For calls with a user's function: not cached on disk (kernels._jit.twins).
+_kernel_mods_user = uncached_twin(_kernel_mods, _attend_mods)
 
 
 def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,

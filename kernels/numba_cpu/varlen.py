@@ -34,6 +34,7 @@ from .._dropout import dropout_threshold
 from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
 from .._jit.half import compute_dtype_of
 from .._jit.launch import launch_guard, single_threaded_blas
+from .._jit.twins import uncached_twin
 from .._varlen_problem import VarlenProblem
 from ..mods import cache as mods_cache
 from ..mods.dense import run_user_code
@@ -41,7 +42,7 @@ from ..mods.lowering import user_names
 from . import config, planner, varlen_micro
 from . import mods as cpu_mods
 from .backward import _key_block
-from .forward import _attend_block, _attend_block_user, _calling, mask_arguments, mod_functions
+from .forward import _attend_block, mask_arguments, mod_functions
 from .mods import mask_block_rows
 
 
@@ -118,9 +119,9 @@ def _backward(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_r
 # Without mods, or with built-ins only (kernels.mods.cache), cached on disk; with a user
 # function, compiled per process (its dispatcher's type cannot be found again).
 FORWARD = njit(parallel=True, cache=True)(_forward)
-FORWARD_USER = njit(parallel=True)(_calling(FORWARD, _attend_block=_attend_block_user))
+FORWARD_USER = uncached_twin(FORWARD, _attend_block)
 BACKWARD = njit(parallel=True, cache=True)(_backward)
-BACKWARD_USER = njit(parallel=True)(_backward)
+BACKWARD_USER = uncached_twin(BACKWARD)
 
 
 def deal(tasks: list, costs: list, threads: int) -> np.ndarray:
