@@ -35,7 +35,7 @@ from attnbench.report import build as report
 from attnbench.report import heatmaps
 from attnbench.report import html as html_report
 from attnbench.report.hosts import host_peaks, scaling_by_group
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies import params, stability
 from attnbench.studies.scaling import scaling_table
 from attnbench.sweep.agreement import run_agreement

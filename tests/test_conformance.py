@@ -14,7 +14,7 @@ import pytest
 from attnbench.conformance import Implementation, all_checks, subject
 from attnbench.conformance.battery import PROPERTIES, run_checks
 from attnbench.conformance.cases import CASES, FEATURES, features, probe_problem
-from attnbench.conformance.specs import BUILTINS, check_spec, resolve
+from attnbench.measure.specs import BUILTINS, check_spec, resolve
 from tests import conformance_impls as impls
 
 
@@ -152,7 +152,7 @@ def test_builtins_are_registered_as_entry_points():
 
     registered = {ep.name: ep.value for ep in entry_points(group="attnbench.implementations")}
     assert set(BUILTINS) <= set(registered), registered
-    assert registered["torch"] == "attnbench.conformance.builtins:torch"
+    assert registered["torch"] == "attnbench.measure.builtins:torch"
 
 
 def test_jax_convention():

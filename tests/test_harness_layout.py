@@ -41,3 +41,44 @@ def test_variants_build_on_scaling_not_the_other_way():
 def test_the_harness_has_no_import_circle():
     """Across the whole package too (studies ↔ report would be one)."""
     assert cycles(import_graph(ROOT)) == []
+
+
+#: The harness's layers, bottom up: a module imports only from its own layer and below
+#: (measure → sweep → studies → the parts built on them → the report → the jobs → the
+#: commands).  ``attnbench.kernels`` (kernels/) lies below them all.
+HARNESS_LAYERS = {
+    "attnbench.section": 0, "attnbench._kernels_path": 0,
+    "attnbench.measure": 1,
+    "attnbench.sweep": 2,
+    "attnbench.studies": 3,
+    "attnbench.claims": 4, "attnbench.conformance": 4,
+    "attnbench.report": 5, "attnbench.bench": 5, "attnbench.compare": 5,
+    "attnbench.job": 6, "attnbench.gpu_check": 6,
+    "attnbench.cli": 7, "attnbench.__main__": 7, "attnbench": 7,
+}
+
+
+def _harness_layer(name: str) -> tuple[int, str]:
+    parts = name.split(".")
+    for size in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:size])
+        if prefix in HARNESS_LAYERS:
+            return HARNESS_LAYERS[prefix], prefix
+    raise AssertionError(f"{name} is in no layer of HARNESS_LAYERS: add it")
+
+
+def test_the_harness_imports_run_one_way():
+    """measure → sweep → studies → claims, conformance → report, bench → jobs → commands:
+    nothing imports a layer above its own."""
+    upward = []
+    for module, targets in import_graph(ROOT).items():
+        if module.startswith("attnbench.kernels"):
+            continue
+        layer, group = _harness_layer(module)
+        for target in targets:
+            if target.startswith("attnbench.kernels") or not target.startswith("attnbench"):
+                continue
+            their_layer, their_group = _harness_layer(target)
+            if their_layer > layer:
+                upward.append(f"{module} ({group}) imports {target} ({their_group})")
+    assert not upward, upward

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.conformance import builtins
-from attnbench.conformance.specs import BUILTINS, resolve
+from attnbench.measure import builtins
 from attnbench.measure.implementations import KNOWN, is_external, names
 from attnbench.measure.peers import PEERS
+from attnbench.measure.specs import BUILTINS, resolve
 from attnbench.sweep.grid import BACKENDS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from attnbench.cli import main
 from attnbench.report.build import build_report, collect_sections, plots
 from attnbench.report.html import figure_png, load_sections, render_html, save_sections
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies.scaling import scaling_table
 from tests.test_scaling import synthetic_sweep
 

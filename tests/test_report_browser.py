@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from attnbench.report.html import render_html
-from attnbench.report.sections import Section
 from attnbench.report.summary import Card, summary_section
+from attnbench.section import Section
 from tests.browser import check_page, find_chromium
 
 pytestmark = pytest.mark.skipif(find_chromium() is None,

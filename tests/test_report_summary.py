@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from attnbench.report import summary
-from attnbench.report.sections import TONES, Section, tone_of
 from attnbench.report.tables import claims_filter, format_number, table_html
+from attnbench.section import TONES, Section, tone_of
 from attnbench.studies.scaling import scaling_table
 from tests.test_scaling import synthetic_sweep
 

@@ -12,7 +12,7 @@ from attnbench.bench.config import COLUMNS, FLOOR
 from attnbench.bench.interval_targets import INCONCLUSIVE
 from attnbench.measure.machine import machine_columns, summary_lines
 from attnbench.report.html import write_html
-from attnbench.report.sections import Section
+from attnbench.section import Section
 
 # --- output -----------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from attnbench.claims import attention as att
 from attnbench.claims import cost, masking
 from attnbench.claims import softmax as sm
 from attnbench.claims.rules import ABOUT_RELATIVE, CAVEAT, ERROR, FAILS, HOLDS, VERDICTS, Result
-from attnbench.report.sections import TONES, Section, tone_of
+from attnbench.section import TONES, Section, tone_of
 
 __all__ = [
     "CLAIMS",
@@ -273,7 +273,7 @@ def format_ledger(ledger: pd.DataFrame, *, width: int = 100, details: bool = Fal
 
 
 #: Background colour of each verdict in the report's claims table.
-#: (The report's palette, :data:`attnbench.report.sections.TONES`: one colour per tone.)
+#: (The report's palette, :data:`attnbench.section.TONES`: one colour per tone.)
 VERDICT_COLOURS = {word: TONES[tone_of(word)] for word in (HOLDS, CAVEAT, FAILS, ERROR)}
 
 

@@ -10,7 +10,7 @@ __all__ = ["add_conform"]
 
 
 def _spec(text: str) -> str:
-    from attnbench.conformance.specs import check_spec
+    from attnbench.measure.specs import check_spec
 
     try:
         return check_spec(text)
@@ -40,7 +40,7 @@ def _seed(text: str) -> int:
 
 def add_conform(subparsers) -> None:
     from attnbench.conformance.runner import DEFAULT_TIMEOUT
-    from attnbench.conformance.specs import CONVENTIONS
+    from attnbench.measure.specs import CONVENTIONS
 
     parser = subparsers.add_parser(
         "conform", help="verify and benchmark any attention implementation",

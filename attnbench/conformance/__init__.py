@@ -3,7 +3,7 @@
 ``attnbench conform IMPL ...`` (:mod:`attnbench.cli.conformance`) and this package run a
 battery of properties on an attention implementation — attnbench's own backends, NumPy,
 PyTorch's SDPA, JAX's ``dot_product_attention`` or a user's ``module:function`` — in one
-of three calling conventions (:mod:`~attnbench.conformance.adapters`):
+of three calling conventions (:mod:`~attnbench.measure.adapters`):
 
 - correctness: agreement with the float64 oracle under the project's tolerance policy on
   a named case table and on problems drawn from the run's seed
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from attnbench.conformance.battery import PROPERTIES, all_checks
 from attnbench.conformance.runner import conform, exit_status, verdict
-from attnbench.conformance.specs import CONVENTIONS, Implementation, resolve
 from attnbench.conformance.testing import check, pytest_cases, subject
+from attnbench.measure.specs import CONVENTIONS, Implementation, resolve
 
 __all__ = ["CONVENTIONS", "PROPERTIES", "Implementation", "all_checks", "check", "conform",
            "exit_status", "pytest_cases", "resolve", "subject", "verdict"]

@@ -2,7 +2,7 @@
 
 :class:`RemoteAdapter` starts :mod:`attnbench.conformance.worker` (its own session, so a
 hang is killed with its children; its output to a log file) and offers the battery the
-same calls as an in-process adapter (:mod:`attnbench.conformance.adapters`).  The
+same calls as an in-process adapter (:mod:`attnbench.measure.adapters`).  The
 battery runs here, in the judge: the problems are drawn, the oracle computed and the
 outputs compared in this process, and the speed section's clock is this process's,
 around a request of a few bytes.  The outputs arrive as plain number arrays
@@ -26,7 +26,7 @@ import sys
 import time
 
 from attnbench.conformance import wire
-from attnbench.conformance.adapters import Unsupported, Watched
+from attnbench.measure.adapters import Unsupported, Watched
 
 __all__ = ["RaisedInWorker", "RemoteAdapter", "WorkerGone", "describe_exit"]
 

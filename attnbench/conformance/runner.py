@@ -22,8 +22,8 @@ from pathlib import Path
 
 from attnbench.conformance.battery import all_checks, property_order, run_checks
 from attnbench.conformance.capabilities import Subject
-from attnbench.conformance.implementation import Implementation
 from attnbench.conformance.remote import RemoteAdapter, WorkerGone
+from attnbench.measure.implementation import Implementation
 from attnbench.measure.problems import load_average
 
 __all__ = ["DEFAULT_TIMEOUT", "conform", "exit_status", "new_seed", "verdict"]
@@ -142,7 +142,7 @@ def conform(specs, *, convention=None, backward=None, quick: bool = False,
     Parameters
     ----------
     specs : list of str
-        Implementation specs (:mod:`attnbench.conformance.specs`).
+        Implementation specs (:mod:`attnbench.measure.specs`).
     convention : {"kernels", "sdpa", "jax"}, optional
         How to call the ``module:function`` specs (default ``kernels``); named
         implementations keep their own.

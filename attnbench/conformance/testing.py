@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from attnbench.conformance.adapters import make_adapter
 from attnbench.conformance.battery import all_checks, run_check
 from attnbench.conformance.capabilities import Subject
 from attnbench.conformance.outcome import Check
-from attnbench.conformance.specs import Implementation, resolve
+from attnbench.measure.adapters import make_adapter
+from attnbench.measure.specs import Implementation, resolve
 
 __all__ = ["ConformanceCase", "check", "pytest_cases", "subject"]
 

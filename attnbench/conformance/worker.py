@@ -56,9 +56,9 @@ class _Server:
         self.staged: list = []
 
     def load(self, spec, convention, backward) -> dict:
-        from attnbench.conformance.adapters import make_adapter
         from attnbench.conformance.capabilities import describe_exception
-        from attnbench.conformance.specs import resolve
+        from attnbench.measure.adapters import make_adapter
+        from attnbench.measure.specs import resolve
 
         try:
             self.implementation = resolve(spec, convention, backward)
@@ -117,8 +117,8 @@ class _Server:
 
 
 def _raised(exc: BaseException) -> dict:
-    from attnbench.conformance.adapters import Unsupported
     from attnbench.conformance.capabilities import REFUSALS, describe_exception
+    from attnbench.measure.adapters import Unsupported
 
     kind = next((t.__name__ for t in (Unsupported, *REFUSALS) if isinstance(exc, t)), None)
     return {"raised": {"type": type(exc).__name__, "refusal": kind,

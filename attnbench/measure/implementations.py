@@ -6,7 +6,7 @@ conformance battery calls it, and which commands take it.  The lists the command
 are views of :data:`KNOWN` (:func:`names`): the sweep's and bench's backends
 (:data:`attnbench.sweep.grid.BACKENDS`), the CPU peers
 (:data:`attnbench.measure.peers.PEERS`), conform's built-ins
-(:data:`attnbench.conformance.specs.BUILTINS`), the GPU ones, those that skip hidden
+(:data:`attnbench.measure.specs.BUILTINS`), the GPU ones, those that skip hidden
 tiles.  Any other installed package adds names under the entry-point group
 :data:`ENTRY_POINT_GROUP` (attnbench registers its conform built-ins there too); such a
 name, or a ``module:function``, is an *external* implementation (:func:`is_external`).

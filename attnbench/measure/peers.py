@@ -57,8 +57,8 @@ def is_peer(name: str) -> bool:
 @functools.cache
 def _external(name: str):
     """The conformance adapter of an external peer (imports it once)."""
-    from attnbench.conformance.adapters import make_adapter
-    from attnbench.conformance.specs import resolve
+    from attnbench.measure.adapters import make_adapter
+    from attnbench.measure.specs import resolve
 
     return make_adapter(resolve(name))
 

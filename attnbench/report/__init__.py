@@ -8,7 +8,8 @@
   its tables (formatted numbers, verdict colours).
 - :mod:`~attnbench.report.plots`: the figures; :mod:`~attnbench.report.heatmaps` the
   attention heat maps.
-- :mod:`~attnbench.report.sections`: the unit a report is made of, and the verdict tones.
+- :mod:`attnbench.section` (below every layer that makes sections): the unit a report
+  is made of, and the verdict tones.
 - :mod:`~attnbench.report.hosts`: results of several machines side by side.
 - :mod:`~attnbench.report.variants`: the backward's plots, the variants section.
 """

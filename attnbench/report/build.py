@@ -30,7 +30,7 @@ import pandas as pd
 
 from attnbench.report import hosts, plots, summary, variants, verdicts
 from attnbench.report import html as html_report
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies import scaling
 from attnbench.sweep import files as sweep_files
 

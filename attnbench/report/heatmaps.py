@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnbench.report.sections import Section
+from attnbench.section import Section
 
 __all__ = ["SENTENCE", "attention_heatmaps", "heatmap_section", "heatmap_weights"]
 

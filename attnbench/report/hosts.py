@@ -18,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure.implementations import names
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies.scaling import with_parameters
 
 __all__ = ["GROUP_COLUMN", "device_of", "group_labels", "groups", "host_peaks",

@@ -1,4 +1,4 @@
-"""One self-contained HTML page from a list of :class:`attnbench.report.sections.Section`.
+"""One self-contained HTML page from a list of :class:`attnbench.section.Section`.
 
 :func:`render_html` writes a page with a table of contents, one ``<section>`` per
 Section (its text as paragraphs, its ready-made HTML such as the summary's cards, its
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report.sections import Section
 from attnbench.report.tables import claims_filter, claims_filter_css, table_html
+from attnbench.section import Section
 
 __all__ = ["figure_png", "load_sections", "render_html", "save_sections", "table_html",
            "write_html"]

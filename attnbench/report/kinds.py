@@ -19,8 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.report import plots
-from attnbench.report.sections import Section
 from attnbench.report.variants import select
+from attnbench.section import Section
 
 __all__ = ["decode_figure", "decode_table", "kinds_section", "varlen_figure"]
 

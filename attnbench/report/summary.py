@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnbench.measure.machine import BUSY_LOAD_PER_CORE, busy_machine
 from attnbench.report import variants
-from attnbench.report.sections import TONES, Section, tone_of
+from attnbench.section import TONES, Section, tone_of
 from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, row_exponent
 from attnbench.studies.variants import skipping_table
 

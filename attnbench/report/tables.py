@@ -8,7 +8,7 @@
 - long text (JSON, sentences) wraps in its cell instead of pushing the other columns out
   of sight (``class="long"``);
 - verdict columns (:data:`VERDICT_COLUMNS`) get the tone of their word
-  (:func:`attnbench.report.sections.tone_of`), the same colours as the summary cards.
+  (:func:`attnbench.section.tone_of`), the same colours as the summary cards.
 
 The page puts every table in a scroll box of its own with the first column sticky, so a
 wide table scrolls inside its box and never hides a column off the page.
@@ -25,7 +25,7 @@ import re
 
 import pandas as pd
 
-from attnbench.report.sections import tone_of
+from attnbench.section import tone_of
 
 __all__ = ["ERROR_COLUMNS", "VERDICT_COLUMNS", "claims_filter", "format_number", "table_html"]
 

@@ -19,7 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnbench.report import plots
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, with_parameters
 from attnbench.studies.variants import skipping_table
 from attnbench.sweep.variants import window_size

@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnbench.measure.machine import busy_machine
 from attnbench.report import hosts, kinds, plots, variants
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies import scaling
 from attnbench.studies.scaling import with_parameters
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.report.sections import Section
+from attnbench.section import Section
 
 __all__ = [
     "CONFIGS",

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench import kernels
-from attnbench.report.sections import Section
+from attnbench.section import Section
 from attnbench.studies.stability_gradients import (
     VANISHING_FRACTION,
     gradient_figure,

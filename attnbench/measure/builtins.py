@@ -1,5 +1,5 @@
 """The built-in implementations, each registered under the ``attnbench.implementations``
-entry-point group (``pyproject.toml``) as ``attnbench.conformance.builtins:<name>``.
+entry-point group (``pyproject.toml``) as ``attnbench.measure.builtins:<name>``.
 
 Attributes are built on first access (module ``__getattr__``), so naming ``numba`` does
 not import torch or jax.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from attnbench.conformance.implementation import Implementation
+from attnbench.measure.implementation import Implementation
 from attnbench.measure.implementations import names
 
 __all__: list[str] = []  # the names are module attributes built on access (_MAKERS)

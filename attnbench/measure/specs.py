@@ -1,7 +1,7 @@
 """Which implementation a spec names: built-ins, ``module:function`` and entry points.
 
 An *implementation* is a function plus the calling convention it follows
-(:mod:`attnbench.conformance.adapters`) and, optionally, a backward function.  A spec is
+(:mod:`attnbench.measure.adapters`) and, optionally, a backward function.  A spec is
 
 - a built-in name: ``reference``, ``numba``, ``cuda`` (:func:`kernels.attention` with that
   backend, :func:`kernels.attention_backward` for gradients), ``numpy`` (the plain NumPy
@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from attnbench.conformance.implementation import Implementation
+from attnbench.measure.implementation import Implementation
 from attnbench.measure.implementations import (
     ENTRY_POINT_GROUP,
     names,
@@ -34,7 +34,7 @@ from attnbench.measure.implementations import (
 __all__ = ["BUILTINS", "CONVENTIONS", "ENTRY_POINT_GROUP", "Implementation", "check_spec",
            "load_object", "registered_names", "resolve"]
 
-#: The calling conventions (see :mod:`attnbench.conformance.adapters`).
+#: The calling conventions (see :mod:`attnbench.measure.adapters`).
 CONVENTIONS = ("kernels", "sdpa", "jax")
 #: Built-in implementation names (each also registered under ENTRY_POINT_GROUP): those of
 #: the registry (:mod:`attnbench.measure.implementations`) that conform takes.
@@ -96,12 +96,12 @@ def resolve(spec: str, convention: str | None = None, backward: str | None = Non
         raise ValueError(f"convention {convention!r} is unknown; expected one of {CONVENTIONS}")
     if ":" in spec:
         found = load_object(spec)
-    elif spec in registered_names():
-        found = registered(spec).load()
-    elif spec in BUILTINS:  # attnbench itself not installed with its metadata
-        from attnbench.conformance import builtins
+    elif spec in BUILTINS:  # attnbench's own names, whatever its installed metadata says
+        from attnbench.measure import builtins
 
         found = getattr(builtins, spec)
+    elif spec in registered_names():
+        found = registered(spec).load()
     else:
         raise ValueError(f"implementation {spec!r} is unknown")
     if callable(found) and not isinstance(found, Implementation):

@@ -1,6 +1,6 @@
 """What an implementation spec resolves to (:class:`Implementation`), in a module of its own:
-:mod:`attnbench.conformance.specs` resolves specs to it and
-:mod:`attnbench.conformance.builtins` builds the built-in ones, neither importing the other
+:mod:`attnbench.measure.specs` resolves specs to it and
+:mod:`attnbench.measure.builtins` builds the built-in ones, neither importing the other
 for it."""
 
 from __future__ import annotations
