@@ -364,8 +364,7 @@ def run_job(args, *, agreement_status: int, started: float,
         print(f"error: {problem}", file=sys.stderr)
     run_record = {"grid": args.grid, "sweep_grid": grid_name, "exit_status": status,
                   "problems": problems, "seconds_before_report": time.perf_counter() - started}
-    (out / "run.json").write_text(json.dumps(run_record, indent=2) + "\n")
-    html_path = report.build_report(out)  # its subtitle quotes seconds_before_report
+    html_path = report.build_report(out, run=run_record)  # quotes seconds_before_report
     elapsed = time.perf_counter() - started
     run_record["seconds"] = elapsed
     (out / "run.json").write_text(json.dumps(run_record, indent=2) + "\n")

@@ -302,15 +302,16 @@ def _when(path: Path) -> str:
     return datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def provenance(folder) -> list[str]:
+def provenance(folder, run: dict | None = None) -> list[str]:
     """Which command wrote each kind of result in ``folder``, and when (file times).
 
     ``run.json`` marks ``attnbench run``'s agreement check and sections; ``sweep.json``
     names the command that wrote the sweep (results older than that field are said to
     come from an unnamed command).  Nothing is claimed that the files do not record.
+    ``run``: the record of the run writing ``folder`` now (before its ``run.json``).
     """
     folder = Path(folder)
-    run = _read_json(folder / "run.json")
+    run = _read_json(folder / "run.json") if run is None else run
     run_name = f"attnbench run --grid {run.get('grid', '?')}" if run else ""
     lines = []
     for name, what in (("agreement.csv", "the agreement check"),
@@ -327,8 +328,8 @@ def provenance(folder) -> list[str]:
     return lines
 
 
-def _subtitle(folder: Path) -> str:
-    run = _read_json(folder / "run.json")
+def _subtitle(folder: Path, run: dict | None) -> str:
+    run = _read_json(folder / "run.json") if run is None else run
     sweep_meta = _read_json(folder / "sweep.json")
     machine = _read_json(folder / "machine.json") or sweep_meta.get("machine", {})
     parts = []
@@ -343,19 +344,23 @@ def _subtitle(folder: Path) -> str:
         parts.append(f"attnbench run (grid '{run.get('grid')}') measured everything here in "
                      f"{seconds:.0f} s.")
     else:
-        lines = provenance(folder)
+        lines = provenance(folder, run)
         if lines:
             parts.append("Read from " + folder.name + ": " + "; ".join(lines) + ".")
     return " ".join(parts)
 
 
-def build_report(folder, html_path=None) -> Path:
-    """Render the report of ``folder`` to ``html_path`` (default ``folder/report.html``)."""
+def build_report(folder, html_path=None, *, run: dict | None = None) -> Path:
+    """Render the report of ``folder`` to ``html_path`` (default ``folder/report.html``).
+
+    ``run``: the record of the ``attnbench run`` writing ``folder`` now (its ``run.json``
+    is written after the report, once); otherwise ``folder/run.json`` is read.
+    """
     folder = Path(folder)
     html_path = folder / REPORT_NAME if html_path is None else Path(html_path)
     sections = collect_sections(folder)
     return html_report.write_html(html_path, sections, title="attnbench report",
-                                  subtitle=_subtitle(folder))
+                                  subtitle=_subtitle(folder, run))
 
 
 def command(args) -> int:
