@@ -20,8 +20,8 @@ imports neither Numba nor the CUDA driver; kernels compile on first use and are 
 The numba backend computes its two tile products either with the BLAS or with a
 register-blocked micro-kernel on keys and values packed once per head; which is faster
 depends on the machine, so it is measured once per machine and dtype and stored beside
-Numba's cache (like FFTW's wisdom).  :func:`plan` measures now (~20-45 s the first time,
-mostly compiling); without it the BLAS path is used until a call of at least
+Numba's cache (like FFTW's wisdom).  :func:`plan` measures now (tens of seconds the first
+time, mostly compiling); without it the BLAS path is used until a call of at least
 ``kernels.numba_cpu.planner.PLAN_WORK_LIMIT`` multiply-adds (e.g. B=1, H=12, L=4096, D=64)
 plans at first use, announced by a ``PlanningWarning``.  :func:`attention_plan` says
 what is stored, without measuring.
@@ -33,7 +33,8 @@ The package, from the bottom up (imports run one way, upwards):
   lowering per target;
 - one subpackage per backend: ``reference/``, ``numba_cpu/``, ``cuda/``; each takes a
   validated :class:`AttentionProblem` (``_problem.py``) and imports no other backend;
-- ``_dispatch.py``: the one table of backends, forward and backward;
+- ``_dispatch.py``: the one table of backends (forward, backward, decode, packed) and the
+  one ``auto`` policy, through which every entry point reaches a backend;
 - ``_api.py``: :func:`attention`, :func:`attention_backward`, :func:`prepare`, planning;
 - ``mha.py``, ``multihead.py``, ``softmax.py``: built on the API;
 - this face: imports and ``__all__`` only; imported by the short name ``kernels``, it hands

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._dispatch import backward_module, module, resolve
+from ._dispatch import entry_module, resolve
 from ._dtypes import compute_dtype
 from ._problem import AttentionProblem, multiply_adds
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
@@ -113,7 +113,8 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = resolve(backend, problem)
     if problem.sinks is not None and name != "reference":  # the kernel, then the sinks
-        out, weights, lse = module(name).run(replace(problem, sinks=None), return_lse=True)
+        out, weights, lse = entry_module(name, "forward").run(replace(problem, sinks=None),
+                                                              return_lse=True)
         out, lse, weights = merge_sinks(out, lse, problem.sinks, 1, weights)
         result = (problem.restore(out),) + (
             (problem.restore(weights),) if return_weights else ())
@@ -121,11 +122,11 @@ def attention(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
             return result + (problem.restore(lse[..., None])[..., 0],)
         return result if return_weights else result[0]
     if return_lse:
-        out, weights, lse = module(name).run(problem, return_lse=True)
+        out, weights, lse = entry_module(name, "forward").run(problem, return_lse=True)
         lse = problem.restore(lse[..., None])[..., 0]  # (..., H, Lq)
         return (problem.restore(out),) + (
             (problem.restore(weights),) if return_weights else ()) + (lse,)
-    out, weights = module(name).run(problem)
+    out, weights = entry_module(name, "forward").run(problem)
     if return_weights:
         return problem.restore(out), problem.restore(weights)
     return problem.restore(out)
@@ -339,16 +340,17 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     sinks = check_sinks(sinks, problem.shape[1], problem.dtype)
     q_shape = np.shape(q)
     dout, out, lse = check_backward_args(problem, q_shape, dout, out, lse)
-    name = resolve(backend, problem)
+    name = resolve(backend, problem, "backward")
     if sinks is not None and name == "reference":
-        dq, dk, dv, dsinks = backward_module(name).run(replace(problem, sinks=sinks), dout)
+        dq, dk, dv, dsinks = entry_module(name, "backward").run(replace(problem, sinks=sinks),
+                                                                dout)
     else:
         if name != "reference" and (out is None or lse is None):
-            out, _, lse = module(name).run(problem, return_lse=True)
+            out, _, lse = entry_module(name, "forward").run(problem, return_lse=True)
             if sinks is not None:
                 out, lse, _ = merge_sinks(out, lse, sinks, 1)
         kernel_lse = lse if sinks is None else keys_only_lse(lse, sinks, 1)
-        dq, dk, dv = backward_module(name).run(problem, dout, out, kernel_lse)
+        dq, dk, dv = entry_module(name, "backward").run(problem, dout, out, kernel_lse)
         if sinks is not None:
             dsinks = sink_gradient(dout, out, lse, sinks, 1)
     k_lead = np.shape(k)[:-1]  # dk and dv take k's and v's shapes (any rank)

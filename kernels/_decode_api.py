@@ -3,7 +3,7 @@ a KV cache (contiguous or paged), appending the new keys and values in place.
 
 Validates everything (:mod:`kernels._decode_validate`), picks the backend, writes the new
 tokens into the cache, then hands the :class:`DecodeProblem` to the backend's decode module
-through the one dispatch table (:func:`kernels._dispatch.decode_module`).
+through the one dispatch table (:mod:`kernels._dispatch`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ from dataclasses import replace
 import numpy as np
 
 from ._decode_validate import append_to_cache, check_decode_args
-from ._dispatch import decode_module, has_real_gpu, require_cuda
+from ._dispatch import entry_module, resolve
 from ._sinks import merge_sinks
 from ._validate import check_backend
 
 __all__ = ["attention_with_kvcache"]
-
-#: ``auto`` sends decode steps that read at least this many bytes of K and V to a real GPU.
-CUDA_AUTO_MIN_BYTES = 1 << 26
-
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens,
                            block_table=None, causal=True, scale=None, score_mod=None,
@@ -110,24 +106,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         num_splits=num_splits, sinks=sinks)
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
-    name = _resolve(backend, problem)
+    name = resolve(backend, problem, "decode")  # before anything is written
     append_to_cache(problem, k, v, lengths)
+    decode = entry_module(name, "decode")
     if problem.sinks is not None and name != "reference":  # the kernel, then the sinks
-        out, lse = decode_module(name).run(replace(problem, sinks=None))
+        out, lse = decode.run(replace(problem, sinks=None))
         out, lse, _ = merge_sinks(out, lse, problem.sinks, 1)
     else:
-        out, lse = decode_module(name).run(problem)
+        out, lse = decode.run(problem)
     return (out, lse) if return_lse else out
-
-
-def _resolve(backend: str, problem) -> str:
-    if backend == "auto":
-        big = problem.key_bytes() >= CUDA_AUTO_MIN_BYTES
-        plain = problem.score_mod is None and problem.mask_mod is None
-        if big and plain and has_real_gpu():
-            return "cuda"
-        return "numba"
-    if backend == "cuda":
-        require_cuda()
-        decode_module("cuda").check_supported(problem)  # before anything is written
-    return backend

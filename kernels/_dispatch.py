@@ -1,10 +1,21 @@
-"""The backend registry, forward and backward, and the one dispatch point of the API.
+"""The backend table and the one dispatch point of every entry point of the API.
 
-Each backend is a subpackage with a forward module, ``run(problem, return_lse=False) ->
-(out, weights or None[, lse])``, and a backward module, ``run(problem, dout, out, lse) ->
-(dq, dk, dv)``, both taking the validated :class:`kernels._problem.AttentionProblem`.
-They are imported on first use, so that ``import kernels`` stays cheap (no Numba import,
-no compilation, no CUDA driver probe).
+Each backend is a subpackage with a module per *entry* (:data:`BACKENDS`), each taking a
+validated problem:
+
+- ``forward``: ``run(problem, return_lse=False) -> (out, weights or None[, lse])`` of a
+  :class:`kernels._problem.AttentionProblem`;
+- ``backward``: ``run(problem, dout, out, lse) -> (dq, dk, dv)``;
+- ``decode``: ``run(problem) -> (out, lse)`` of a :class:`kernels._decode_problem.DecodeProblem`;
+- ``varlen``: ``run(problem) -> (out, lse)`` and ``run_backward(problem, dout, out, lse)``
+  of a :class:`kernels._varlen_problem.VarlenProblem`; a backend without one (None) runs
+  each sequence as a dense call (:mod:`kernels._varlen_api`).
+
+Every entry point checks its arguments, then :func:`resolve` turns ``backend`` into the
+backend that runs (one ``auto`` policy for all: :func:`wants_gpu`), then runs
+:func:`entry_module`'s ``run``, then restores the caller's shapes.  The modules are
+imported on first use, so that ``import kernels`` stays cheap (no Numba import, no
+compilation, no CUDA driver probe).
 """
 
 from __future__ import annotations
@@ -13,18 +24,23 @@ import functools
 import importlib
 import os
 
-from ._problem import AttentionProblem
+from ._decode_problem import DecodeProblem
+from ._varlen_problem import VarlenProblem
 
-#: backend name -> (forward module, backward module, decode module: ``run(problem) -> (out,
-#: lse)`` of a :class:`kernels._decode_problem.DecodeProblem`), relative to this package.
+#: backend name -> entry -> its module, relative to this package (None: no such module).
 BACKENDS = {
-    "reference": (".reference.forward", ".reference.backward", ".reference.decode"),
-    "numba": (".numba_cpu.choose", ".numba_cpu.backward", ".numba_cpu.decode"),
-    "cuda": (".cuda.launch", ".cuda.backward", ".cuda.decode"),
+    "reference": {"forward": ".reference.forward", "backward": ".reference.backward",
+                  "decode": ".reference.decode", "varlen": None},
+    "numba": {"forward": ".numba_cpu.choose", "backward": ".numba_cpu.backward",
+              "decode": ".numba_cpu.decode", "varlen": ".numba_cpu.varlen"},
+    "cuda": {"forward": ".cuda.launch", "backward": ".cuda.backward",
+             "decode": ".cuda.decode", "varlen": None},
 }
 
 #: ``auto`` sends problems with at least this many multiply-adds to a real GPU.
 CUDA_AUTO_MIN_WORK = 1 << 28
+#: ``auto`` sends decode steps that read at least this many bytes of K and V to a real GPU.
+CUDA_AUTO_MIN_BYTES = 1 << 26
 
 
 class BackendUnavailableError(ValueError, RuntimeError):
@@ -101,30 +117,34 @@ def require_cuda() -> None:
         raise BackendUnavailableError(f"backend='cuda' cannot run here: {why}")
 
 
-def resolve(backend: str, problem: AttentionProblem) -> str:
-    """Turn ``backend`` (already checked to be a known name) into the backend that runs."""
+def wants_gpu(problem) -> bool:
+    """Whether ``auto`` gives ``problem`` to a real GPU: enough work to pay for the copies
+    (multiply-adds of a dense problem, bytes of K and V of a decode step without mods);
+    never a packed batch, which the cuda backend runs one dense call per sequence."""
+    if isinstance(problem, VarlenProblem):
+        return False
+    if isinstance(problem, DecodeProblem):
+        plain = problem.score_mod is None and problem.mask_mod is None
+        return plain and problem.key_bytes() >= CUDA_AUTO_MIN_BYTES
+    return problem.work >= CUDA_AUTO_MIN_WORK
+
+
+def resolve(backend: str, problem, entry: str = "forward") -> str:
+    """The backend that runs ``problem`` through ``entry`` for ``backend`` (a name
+    :func:`kernels._validate.check_backend` accepted): ``auto`` is cuda where
+    :func:`wants_gpu` and a real GPU agree, else numba; ``cuda`` must be usable here and
+    (where its entry module checks) support the problem, before any work is done."""
     if backend == "auto":
-        if problem.work >= CUDA_AUTO_MIN_WORK and has_real_gpu():
-            return "cuda"
-        return "numba"
+        return "cuda" if wants_gpu(problem) and has_real_gpu() else "numba"
     if backend == "cuda":
         require_cuda()
-        from .cuda.launch import check_supported
-
-        check_supported(problem)
+        check = getattr(entry_module("cuda", entry), "check_supported", None)
+        if check is not None:
+            check(problem)
     return backend
 
 
-def module(name: str):
-    """The module implementing the forward pass of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][0], __package__)
-
-
-def backward_module(name: str):
-    """The module implementing the backward pass of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][1], __package__)
-
-
-def decode_module(name: str):
-    """The module implementing the KV-cache decode of backend ``name``."""
-    return importlib.import_module(BACKENDS[name][2], __package__)
+def entry_module(name: str, entry: str):
+    """The module of backend ``name`` for ``entry`` (:data:`BACKENDS`), or None."""
+    path = BACKENDS[name][entry]
+    return None if path is None else importlib.import_module(path, __package__)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from ._api import attention, attention_backward
-from ._dispatch import BackendUnavailableError, cuda_status
+from ._dispatch import entry_module, resolve
 from ._dtypes import compute_dtype
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
 from ._validate import _as_float_array, causal_offset, check_backend, check_dropout, check_qkv
@@ -110,15 +110,6 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     if score is not None:
         score.element("cpu", compute_dtype(problem.dtype))  # float32 for half inputs
     return replace(problem, score_mod=score, mask_mod=mask)
-
-
-def _backend(backend: str, problem: VarlenProblem) -> str:
-    backend = check_backend(backend)
-    if backend == "auto":
-        return "numba"
-    if backend == "cuda" and not cuda_status()[0]:
-        raise BackendUnavailableError(f"backend='cuda' cannot run here: {cuda_status()[1]}")
-    return backend
 
 
 def _dense_inputs(problem: VarlenProblem, b: int, *arrays):
@@ -218,7 +209,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                              mask_mod=mask_mod, sinks=sinks)
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
-    out, lse = _forward(problem, _backend(backend, problem))
+    out, lse = _forward(problem, resolve(check_backend(backend), problem, "varlen"))
     if problem.sinks is not None:
         out, lse, _ = merge_sinks(out.transpose(1, 0, 2), lse, problem.sinks, 0)
         out = np.ascontiguousarray(out.transpose(1, 0, 2))
@@ -226,11 +217,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
 
 
 def _forward(problem: VarlenProblem, name: str):
-    if name == "numba":
-        from .numba_cpu import varlen
-
-        return varlen.run(problem)
-    return _dense_call(problem, name)
+    packed = entry_module(name, "varlen")
+    return _dense_call(problem, name) if packed is None else packed.run(problem)
 
 
 def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=None,
@@ -275,11 +263,10 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
     out = None if out is None else _check_like("out", out, (total_q, H, Dv), problem.dtype)
     lse = None if lse is None else _check_like("lse", lse, (H, total_q),
                                                compute_dtype(problem.dtype))
-    name = _backend(backend, problem)
-    if name != "numba":
+    name = resolve(check_backend(backend), problem, "varlen")
+    varlen = entry_module(name, "varlen")
+    if varlen is None:
         return _dense_backward(problem, name, dout, out, lse)
-    from .numba_cpu import varlen
-
     if out is None or lse is None:
         out, lse = varlen.run(problem)
         if problem.sinks is not None:
