@@ -70,3 +70,19 @@ def test_no_run_diary_in_comments_docstrings_or_help(package):
              for line, match in diary_lines(path.read_text())]
     assert not found, ("measurements in prose (put them in the results the benchmarks "
                        "write; say the effect in words): " + "; ".join(found))
+
+
+def test_the_layout_page_names_every_module_and_no_missing_one():
+    """docs/layout.md is the one description of the layout: every module of ``kernels/``
+    and ``attnbench/`` is named there, and every ``*.py`` it names exists."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    unnamed = [str(path.relative_to(ROOT)) for package in PACKAGES
+               for path in sorted((ROOT / package).rglob("*.py"))
+               if path.name != "__init__.py"
+               and not re.search(rf"\b{re.escape(path.stem)}\b", text)]
+    present = {path.name for folder in (*PACKAGES, "tests", "scripts", ".ci")
+               for path in (ROOT / folder).rglob("*.py")}
+    absent = sorted({name for name in re.findall(r"\b(\w+\.py)\b", text)} - present
+                    - {"setup.py", "conftest.py"})
+    assert not unnamed, f"modules docs/layout.md does not name: {unnamed}"
+    assert not absent, f"docs/layout.md names files that do not exist: {absent}"
