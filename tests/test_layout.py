@@ -1,4 +1,4 @@
-"""The layout of ``kernels/`` (design.md, "Layout"): imports run one way, small modules,
+"""The layout of ``kernels/`` (docs/layout.md): imports run one way, small modules,
 no private wiring, a face of imports only, and the public names unchanged.
 
 The import graph is read from every module's ``import`` statements (those inside functions
