@@ -11,6 +11,7 @@ import numbers
 
 import numpy as np
 
+from ._arrays import as_numpy
 from ._decode_problem import DecodeProblem
 from ._dtypes import SUPPORTED_DTYPES, compute_dtype
 from ._sinks import check_sinks
@@ -18,10 +19,7 @@ from ._validate import _check_scale
 
 
 def _float_array(name: str, x, dtype=None) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        if hasattr(x, "__cuda_array_interface__"):
-            raise TypeError(f"{name} is a device array; attention_with_kvcache takes NumPy arrays")
-        x = np.asarray(x)
+    x = as_numpy(name, x, "attention_with_kvcache")
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} has dtype {x.dtype}; expected float32, float64, float16 or "
                         "bfloat16 (ml_dtypes)")

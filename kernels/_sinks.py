@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._arrays import as_numpy
+
 __all__ = ["check_sinks", "keys_only_lse", "merge_sinks", "sink_gradient"]
 
 
@@ -51,9 +53,7 @@ def check_sinks(sinks, H: int, dtype: np.dtype):
     """
     if sinks is None:
         return None
-    if hasattr(sinks, "__cuda_array_interface__") and not isinstance(sinks, np.ndarray):
-        raise TypeError("sinks is a device array; kernels.attention takes NumPy arrays")
-    arr = np.asarray(sinks)
+    arr = as_numpy("sinks", sinks, "kernels.attention")
     if arr.dtype != dtype:
         raise TypeError(f"sinks has dtype {arr.dtype}; expected {dtype}, the dtype of q "
                         f"(convert with sinks.astype(np.{np.dtype(dtype).name}))")

@@ -19,6 +19,7 @@ import numbers
 
 import numpy as np
 
+from ._arrays import as_numpy
 from ._dtypes import SUPPORTED_DTYPES, compute_dtype, is_half
 from ._problem import AttentionProblem
 
@@ -31,13 +32,8 @@ def _describe(x) -> str:
 
 
 def _as_float_array(name: str, x) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        if hasattr(x, "__cuda_array_interface__"):
-            raise TypeError(
-                f"{name} is a device array; kernels.attention takes NumPy arrays "
-                "(use kernels.cuda_backend.attention_device for device arrays)"
-            )
-        x = np.asarray(x)
+    x = as_numpy(name, x, "kernels.attention",
+                 " (use kernels.cuda_backend.attention_device for device arrays)")
     if x.dtype not in SUPPORTED_DTYPES:
         bf16 = ("bfloat16 (ml_dtypes)" if len(SUPPORTED_DTYPES) == 4
                 else "bfloat16 (unavailable here: install ml_dtypes)")
@@ -307,10 +303,7 @@ def check_mods(problem: AttentionProblem, score_mod=None, mask_mod=None) -> Atte
 def _check_grad_like(name: str, x, expected_shape: tuple, dtype: np.dtype, what: str):
     """``x`` as an array of ``expected_shape`` and ``dtype``, or a TypeError/ValueError
     naming ``name``."""
-    if not isinstance(x, np.ndarray):
-        if hasattr(x, "__cuda_array_interface__"):
-            raise TypeError(f"{name} is a device array; attention_backward takes NumPy arrays")
-        x = np.asarray(x)
+    x = as_numpy(name, x, "attention_backward")
     if x.dtype != dtype:
         raise TypeError(
             f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q, k and v "

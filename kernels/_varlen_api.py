@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from ._api import attention, attention_backward
+from ._arrays import as_numpy
 from ._dispatch import entry_module, resolve
 from ._dtypes import compute_dtype
 from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
@@ -281,7 +282,7 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
 
 
 def _check_like(name, x, shape, dtype):
-    x = np.asarray(x)
+    x = as_numpy(name, x, "attention_varlen_backward")
     if x.dtype != dtype:
         what = ("the forward's lse: q's dtype, float32 for half inputs" if name == "lse"
                 else "the dtype of q")

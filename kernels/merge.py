@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._arrays import refuse_device_array
 from ._dtypes import HALF_DTYPES, is_half
 
 __all__ = ["merge_attention_states"]
@@ -32,8 +33,7 @@ def _as_stack(name: str, parts, dtypes=_DTYPES) -> np.ndarray:
     if isinstance(parts, np.ndarray):
         arr = parts
     else:
-        if hasattr(parts, "__cuda_array_interface__"):
-            raise TypeError(f"{name} is a device array; merge_attention_states takes NumPy arrays")
+        refuse_device_array(name, parts, "merge_attention_states")
         try:
             items = [np.asarray(x) for x in parts]
         except TypeError:

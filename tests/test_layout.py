@@ -26,6 +26,7 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 #: for a backend) or a lower one.  Modules not named sit where their prefix does.
 LAYERS = {
     "kernels._dtypes": -1,  # Numba-free, imports no kernels module: every layer may read it
+    "kernels._arrays": -1,  # NumPy only: the first step of every array check
     "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
     "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0, "kernels._sinks": 0,
     "kernels.mods": 1, "kernels._varlen_problem": 1,

@@ -76,3 +76,27 @@ def test_cuda_asked_by_name_where_it_cannot_run_is_refused_by_every_entry(entry,
     monkeypatch.setattr(_dispatch, "cuda_status", lambda: (False, "no GPU here"))
     with pytest.raises(_dispatch.BackendUnavailableError, match="no GPU here"):
         _dispatch.resolve("cuda", None, entry)
+
+
+def test_the_numpy_array_step_of_every_array_check_is_written_once():
+    """Only kernels/_arrays.py tells a device array from a NumPy one; the API modules call it."""
+    found = [path.name for path in sorted(KERNELS.glob("*.py"))
+             if "__cuda_array_interface__" in path.read_text() and path.name != "_arrays.py"]
+    assert not found, found
+
+
+class _OnTheGpu:
+    __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False),
+                                "version": 3}
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda k, x: k.attention(x, x, x), "q is a device array; kernels.attention takes"),
+    (lambda k, x: k.merge_attention_states(x, x), "outs is a device array; "
+                                                  "merge_attention_states takes"),
+])
+def test_a_device_array_is_refused_by_name(call, words):
+    from attnbench import kernels
+
+    with pytest.raises(TypeError, match=words):
+        call(kernels, _OnTheGpu())

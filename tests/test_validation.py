@@ -64,10 +64,12 @@ def test_bad_input_raises_a_clear_error(name, args, error, words, backend):
 
 def test_errors_come_before_any_backend_runs(monkeypatch):
     """Validation runs first: a bad argument never reaches a backend module."""
-    def explode(name):
-        raise AssertionError(f"backend {name} was reached")
+    from attnbench.kernels import _api
 
-    monkeypatch.setattr(_backends, "module", explode)
+    def explode(name, entry):
+        raise AssertionError(f"backend {name} was reached ({entry})")
+
+    monkeypatch.setattr(_api, "entry_module", explode)
     with pytest.raises(ValueError, match="key_lengths"):
         kernels.attention(Q, K, V, key_lengths=[9, 9], backend="numba")
 
