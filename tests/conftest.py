@@ -8,6 +8,7 @@ NUMBA_ENABLE_CUDASIM yourself to override.
 
 import collections
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,14 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("attnbench", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attnbench"))
+
+
+@pytest.fixture
+def repository_on_pythonpath(monkeypatch):
+    """The repository on ``PYTHONPATH``, for subprocesses that import ``tests.…``."""
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 @pytest.fixture(autouse=True)

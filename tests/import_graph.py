@@ -96,3 +96,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def layer_of(name: str, layers: dict, where: str) -> tuple[int, str]:
+    """(layer, group): the longest dotted prefix of ``name`` in ``layers``; an
+    AssertionError naming ``where`` (the table to add it to) if none."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in layers:
+            return layers[prefix], prefix
+    raise AssertionError(f"{name} is in no layer of {where}: add it")

@@ -17,11 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 IMPLS = "tests.conformance_impls"
 
 
-@pytest.fixture(autouse=True)
-def _worker_finds_the_tests(monkeypatch):
-    """The worker imports ``tests.conformance_impls``: the repository on its path."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+pytestmark = pytest.mark.usefixtures("repository_on_pythonpath")  # the worker imports
+# tests.conformance_impls
 
 
 @pytest.fixture(scope="module")

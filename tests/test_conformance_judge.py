@@ -6,8 +6,6 @@ subject's process (shown where showing it does not alter this process) and fails
 ``attnbench conform``.
 """
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,15 +18,11 @@ from attnbench.conformance.integrity import MANY, many_calls
 from attnbench.conformance.runner import conform
 from tests import conformance_impls as impls
 
-REPO = Path(__file__).resolve().parents[1]
 IMPLS = "tests.conformance_impls"
 
 
-@pytest.fixture(autouse=True)
-def _worker_finds_the_tests(monkeypatch):
-    """The worker imports ``tests.conformance_impls``: the repository on its path."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+pytestmark = pytest.mark.usefixtures("repository_on_pythonpath")  # the worker imports
+# tests.conformance_impls
 
 
 def _property(entry, name):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attnbench
-from tests.import_graph import cycles, import_graph
+from tests.import_graph import cycles, import_graph, layer_of
 
 ROOT = Path(attnbench.__file__).parent
 
@@ -59,12 +59,7 @@ HARNESS_LAYERS = {
 
 
 def _harness_layer(name: str) -> tuple[int, str]:
-    parts = name.split(".")
-    for size in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:size])
-        if prefix in HARNESS_LAYERS:
-            return HARNESS_LAYERS[prefix], prefix
-    raise AssertionError(f"{name} is in no layer of HARNESS_LAYERS: add it")
+    return layer_of(name, HARNESS_LAYERS, "test_harness_layout.HARNESS_LAYERS")
 
 
 def test_the_harness_imports_run_one_way():

@@ -17,7 +17,7 @@ import pytest
 
 from attnbench import kernels
 from attnbench.kernels import mods
-from tests.import_graph import cycles, import_graph, imports, modules
+from tests.import_graph import cycles, import_graph, imports, layer_of, modules
 
 PACKAGE = Path(kernels.__file__).resolve().parent
 #: The backends: one subpackage each; none imports another.
@@ -80,12 +80,7 @@ def _imports(name: str):
 
 def _layer(name: str) -> tuple[int, str]:
     """(layer, group): the longest prefix of ``name`` in :data:`LAYERS`."""
-    parts = name.split(".")
-    for n in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:n])
-        if prefix in LAYERS:
-            return LAYERS[prefix], prefix
-    raise AssertionError(f"{name} is in no layer of test_layout.LAYERS: add it")
+    return layer_of(name, LAYERS, "test_layout.LAYERS")
 
 
 def _backend(name: str) -> str | None:
