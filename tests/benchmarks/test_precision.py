@@ -9,8 +9,9 @@ import pytest
 
 from attnbench import kernels
 from attnbench.measure.flops import backward_flops
+from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import tolerance
-from tests.backward_support import backward_oracle, lse_rounding, make_dout
+from tests.backward_support import backward_oracle, make_dout
 from tests.benchmarks.common import GRID, problem, run_benchmark, shape_id, timed
 from tests.benchmarks.test_attention import MASKS, SHAPES
 from tests.support import max_error
