@@ -113,11 +113,10 @@ def _fingerprint_twin(k, v, rng, tries: int = 200):
     return k, v
 
 
-def _judged(subject, q, k, v, kwargs, failure) -> Outcome:
-    """The subject's output of the problem judged; a failure's detail is ``failure`` with
-    the judge's detail in place of ``{}``."""
-    outcome = judge(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs,
-                    diagnose_failure=False)
+def _judged(output, q, k, v, kwargs, failure) -> Outcome:
+    """``output`` judged as the problem's; a failure's detail is ``failure`` with the
+    judge's detail in place of ``{}``."""
+    outcome = judge(output, q, k, v, kwargs, diagnose_failure=False)
     if outcome.status == "fail":
         outcome.detail = failure.format(outcome.detail)
     return outcome
@@ -127,12 +126,13 @@ def _no_cache(spec, seed, subject) -> Outcome:
     q, k, v, kwargs = _values(spec, seed, "cache", 1)
     subject.adapter.forward(q, k, v, kwargs)
     q2, k2, v2, _ = _values(spec, seed, "cache", 2)
-    outcome = _judged(subject, q2, k2, v2, kwargs, "new values in new arrays of the same "
-                      "shapes gave a wrong output ({}): a result cached between calls?")
+    outcome = _judged(subject.adapter.forward(q2, k2, v2, kwargs), q2, k2, v2, kwargs,
+                      "new values in new arrays of the same shapes gave a wrong output "
+                      "({}): a result cached between calls?")
     if outcome.status != "pass":
         return outcome
     k3, v3 = _fingerprint_twin(k2, v2, np.random.default_rng(case_seed(seed, "twin")))
-    outcome = _judged(subject, q2, k3, v3, kwargs,
+    outcome = _judged(subject.adapter.forward(q2, k3, v3, kwargs), q2, k3, v3, kwargs,
                       "values that differ from the last call's only in a few elements of k "
                       "and v (the same shapes, sums, first and last elements) gave a wrong "
                       "output ({}): a result cached between calls?")
@@ -140,12 +140,9 @@ def _no_cache(spec, seed, subject) -> Outcome:
         return outcome
     q4, k4, v4, _ = _values(spec, seed, "cache", 4)
     _, again = subject.adapter.forward_in_place(q2, k2, v2, kwargs, q4, k4, v4)
-    outcome = judge(again, q4, k4, v4, kwargs, diagnose_failure=False)
-    if outcome.status == "fail":
-        outcome.detail = (f"new values written in place into the arrays of the call before "
-                          f"gave a wrong output ({outcome.detail}): a result cached by the "
-                          "arrays' identity or address?")
-    return outcome
+    return _judged(again, q4, k4, v4, kwargs, "new values written in place into the arrays "
+                   "of the call before gave a wrong output ({}): a result cached by the "
+                   "arrays' identity or address?")
 
 
 def _after_calls(spec, calls, what, seed, subject) -> Outcome:
@@ -153,7 +150,8 @@ def _after_calls(spec, calls, what, seed, subject) -> Outcome:
     for _ in range(calls):
         subject.adapter.forward(q, k, v, kwargs)
     q2, k2, v2, _ = _values(spec, seed, what, 2)
-    return _judged(subject, q2, k2, v2, kwargs, f"wrong on new values {what} ({{}})")
+    return _judged(subject.adapter.forward(q2, k2, v2, kwargs), q2, k2, v2, kwargs,
+                   f"wrong on new values {what} ({{}})")
 
 
 def many_calls(seed: int) -> int:
@@ -167,8 +165,8 @@ def _at_speed_size(seed, subject) -> Outcome:
     from attnbench.conformance.speed import JUDGED_LENGTH, problem_at
 
     q, k, v, kwargs = problem_at(JUDGED_LENGTH, case_seed(seed, "speed-size"))
-    return _judged(subject, q, k, v, kwargs, "wrong at the speed section's sizes "
-                   f"(L = {JUDGED_LENGTH}) after it ({{}})")
+    return _judged(subject.adapter.forward(q, k, v, kwargs), q, k, v, kwargs,
+                   f"wrong at the speed section's sizes (L = {JUDGED_LENGTH}) after it ({{}})")
 
 
 def checks(seed: int = 0) -> list[Check]:

@@ -26,12 +26,13 @@ import sys
 import time
 
 from attnbench.conformance import wire
-from attnbench.measure.adapters import Unsupported, Watched
+from attnbench.conformance.capabilities import REFUSALS
+from attnbench.measure.adapters import Watched
 
 __all__ = ["RaisedInWorker", "RemoteAdapter", "WorkerGone", "describe_exit"]
 
-_REFUSALS = {"Unsupported": Unsupported, "TypeError": TypeError,
-             "NotImplementedError": NotImplementedError, "ValueError": ValueError}
+#: The refusals by the name the worker gives them (the first of them the exception is).
+_REFUSALS = {kind.__name__: kind for kind in REFUSALS}
 
 
 class WorkerGone(BaseException):

@@ -78,10 +78,12 @@ def _complete(result: dict, order, why: str | None) -> list[dict]:
     return complete
 
 
-def _battery(adapter: RemoteAdapter, spec: str, checks, result: dict) -> None:
-    """Load, probe and run ``checks`` through ``adapter``, noting progress in ``result``."""
+def _battery(adapter: RemoteAdapter, spec: str, convention, backward, checks,
+             result: dict) -> None:
+    """Load ``spec`` (with ``convention`` and ``backward``), probe it and run ``checks``
+    through ``adapter``, noting progress in ``result``."""
     result["stage"] = "loading"
-    loaded = adapter.load(spec, result["convention_asked"], result["backward_asked"])
+    loaded = adapter.load(spec, convention, backward)
     if "load_error" in loaded:
         result.update(loaded, finished=True)
         return
@@ -104,13 +106,12 @@ def _run_one(spec: str, convention, backward, quick: bool, seed: int, timeout: f
              log: Path) -> dict:
     checks = all_checks(quick=quick, seed=seed)
     result = {"name": spec, "convention": convention or "kernels", "properties": [],
-              "convention_asked": convention, "backward_asked": backward,
               "stage": "starting"}
     start = time.perf_counter()
     why = None
     adapter = RemoteAdapter(timeout=timeout, log=log)
     try:
-        _battery(adapter, spec, checks, result)
+        _battery(adapter, spec, convention, backward, checks, result)
     except WorkerGone as exc:
         why = str(exc)
     except BaseException:  # Ctrl-C: the worker's own session would not get the signal

@@ -29,14 +29,15 @@ class Closed(EOFError):
 
 
 def plain_array(value) -> np.ndarray:
-    """``value`` as a base-class NumPy array of numbers or booleans, copied.
+    """``value`` as a base-class NumPy array of numbers or booleans (a view where it is
+    one already: a subclass's own methods are left behind).
 
     Raises
     ------
     TypeError
         If ``value`` is not a numeric (or bool) array once converted.
     """
-    array = np.array(value, copy=True, subok=False)
+    array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"the output could not be read as an array of numbers "
                         f"(dtype {array.dtype}, from {type(value).__name__})")

@@ -118,9 +118,8 @@ class _Server:
 
 def _raised(exc: BaseException) -> dict:
     from attnbench.conformance.capabilities import REFUSALS, describe_exception
-    from attnbench.measure.adapters import Unsupported
 
-    kind = next((t.__name__ for t in (Unsupported, *REFUSALS) if isinstance(exc, t)), None)
+    kind = next((t.__name__ for t in REFUSALS if isinstance(exc, t)), None)
     return {"raised": {"type": type(exc).__name__, "refusal": kind,
                        "description": describe_exception(exc)}}
 
