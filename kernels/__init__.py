@@ -49,7 +49,8 @@ if __name__ == "kernels":  # this folder by its top-level name: kernels._name sa
     hand_over()
 else:
     from . import mods
-    from ._api import (
+    from ._api.decode import attention_with_kvcache
+    from ._api.dense import (
         attention,
         attention_backward,
         attention_plan,
@@ -58,17 +59,16 @@ else:
         plan_needed,
         prepare,
     )
-    from ._decode_api import attention_with_kvcache
-    from ._dispatch import (
+    from ._api.dispatch import (
         BackendUnavailableError,
         available_backends,
         cuda_simulator_enabled,
         cuda_status,
         has_real_gpu,
     )
-    from ._problem import AttentionProblem
-    from ._validate import causal_offset
-    from ._varlen_api import attention_varlen, attention_varlen_backward
+    from ._api.varlen import attention_varlen, attention_varlen_backward
+    from ._problems.checks import causal_offset
+    from ._problems.dense import AttentionProblem
     from .kvcache import KVCache
     from .merge import merge_attention_states
     from .mha import MultiHeadAttention

@@ -1,8 +1,9 @@
-"""The import path of earlier releases for the ``cuda`` backend's entry points.
+"""The public import path of the ``cuda`` backend's device-array entry points.
 
-The backend lives in :mod:`kernels.cuda` (:mod:`kernels.cuda.launch` launches the forward
-kernel); ``kernels.cuda_backend.attention_device`` and ``prepare_launch`` keep working.
-Importing this module imports numba.cuda.
+:func:`attention_device` runs the forward kernel on arrays already on the GPU and
+:func:`prepare_launch` splits it into a copy now and a launch later; both live in
+:mod:`kernels.cuda.launch`.  The error that refuses a device array in
+:func:`kernels.attention` names this path.  Importing this module imports numba.cuda.
 """
 
 from __future__ import annotations

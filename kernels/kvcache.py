@@ -8,8 +8,9 @@ import numbers
 
 import numpy as np
 
-from ._decode_api import attention_with_kvcache
+from ._api.decode import attention_with_kvcache
 from ._dtypes import SUPPORTED_DTYPES, as_dtype
+from ._problems.arrays import wrong_shape
 
 __all__ = ["KVCache"]
 
@@ -101,7 +102,7 @@ class KVCache:
             if x.dtype != self.dtype:
                 raise TypeError(f"{name} has dtype {x.dtype}; the cache holds {self.dtype}")
             if x.ndim != 4 or x.shape[:2] != (B, Hkv) or x.shape[3] != last:
-                raise ValueError(f"{name} has shape {x.shape}; expected ({B}, {Hkv}, Lnew, "
+                raise wrong_shape(name, x.shape, f"({B}, {Hkv}, Lnew, "
                                  f"{last})")
         if k.shape[2] != v.shape[2]:
             raise ValueError(f"k and v hold different numbers of tokens: {k.shape}, {v.shape}")

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import refuse_device_array
 from ._dtypes import HALF_DTYPES, is_half
+from ._problems.arrays import refuse_device_array, require_dtype, wrong_dtype, wrong_shape
 
 __all__ = ["merge_attention_states"]
 
@@ -45,11 +45,9 @@ def _as_stack(name: str, parts, dtypes=_DTYPES) -> np.ndarray:
         if len(shapes) > 1:
             raise ValueError(f"the parts of {name} differ in shape: {sorted(shapes)}")
         arr = np.stack(items)
-    if arr.dtype not in dtypes:
-        expected = "float32 or float64" + (
-            ", or float16 or bfloat16 (with float32 lses)" if dtypes != _DTYPES else "")
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected {expected}")
-    return arr
+    expected = "float32 or float64" + (
+        ", or float16 or bfloat16 (with float32 lses)" if dtypes != _DTYPES else "")
+    return require_dtype(name, arr, dtypes, expected)
 
 
 def merge_attention_states(outs, lses):
@@ -102,7 +100,7 @@ def merge_attention_states(outs, lses):
     outs = _as_stack("outs", outs, _DTYPES + HALF_DTYPES)
     lses = _as_stack("lses", lses)
     if is_half(outs.dtype) and lses.dtype != np.float32:
-        raise TypeError(f"lses has dtype {lses.dtype}; expected float32 for outs of dtype "
+        raise wrong_dtype("lses", lses.dtype, f"float32 for outs of dtype "
                         f"{outs.dtype} (the lse a half call returns)")
     if not is_half(outs.dtype) and outs.dtype != lses.dtype:
         raise TypeError(f"outs and lses must share one dtype; got outs {outs.dtype}, "
@@ -110,7 +108,7 @@ def merge_attention_states(outs, lses):
     if outs.ndim < 2 or outs.shape[0] < 1:
         raise ValueError(f"outs must have shape (S, ..., Lq, Dv) with S >= 1; got {outs.shape}")
     if lses.shape != outs.shape[:-1]:
-        raise ValueError(f"lses has shape {lses.shape}; expected {outs.shape[:-1]} (outs' shape "
+        raise wrong_shape("lses", lses.shape, f"{outs.shape[:-1]} (outs' shape "
                          f"{outs.shape} without its last dim)")
     wide = lses.astype(np.float64)  # (S, ..., Lq)
     with np.errstate(invalid="ignore"):

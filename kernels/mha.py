@@ -7,9 +7,9 @@ import numbers
 import numpy as np
 
 from . import multihead
-from ._api import attention, attention_backward
+from ._api.dense import attention, attention_backward
+from ._api.varlen import attention_varlen, attention_varlen_backward
 from ._dtypes import SUPPORTED_DTYPES, as_dtype, compute_dtype
-from ._varlen_api import attention_varlen, attention_varlen_backward
 
 
 def _positive_int(name, value):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._api import attention
+from ._api.dense import attention
 from ._dtypes import compute_dtype
 
 # --- the two multi-head forms -------------------------------------------------------------

@@ -146,7 +146,7 @@ def small_cuda_tiles(request, monkeypatch, compile_only=()) -> None:
     """What the cuda test files' autouse fixtures do: skip a test where the cuda backend
     cannot run (unless its name is in ``compile_only``: it only compiles to PTX), and give
     the kernels 4-thread blocks and 4-key tiles (the simulator runs a thread per thread)."""
-    from attnbench.kernels import _dispatch
+    from attnbench.kernels._api import dispatch as _dispatch
     from attnbench.kernels.cuda import launch
 
     usable, why = _dispatch.cuda_status()

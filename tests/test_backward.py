@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from attnbench import kernels
 from attnbench.kernels._dropout import keep_mask
-from attnbench.kernels.numba_cpu import backward as numba_backward
 from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu.dense import backward as numba_backward
 
 from .backward_support import (
     assert_gradients_match,

@@ -23,7 +23,7 @@ import json, sys
 import numpy as np
 from attnbench import kernels
 from attnbench.kernels import mods
-from attnbench.kernels.numba_cpu import backward as numba_backward
+from attnbench.kernels.numba_cpu.dense import backward as numba_backward
 rng = np.random.default_rng(0)
 q, k, v, dout = (rng.standard_normal((1, 2, 9, 4)).astype(np.float32) for _ in range(4))
 def backward(**kwargs):  # the forward by the reference: only the backward is compiled

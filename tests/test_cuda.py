@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
 from attnbench import kernels  # noqa: E402
-from attnbench.kernels import _dispatch as _backends  # noqa: E402
+from attnbench.kernels._api import dispatch as _backends  # noqa: E402
 from attnbench.kernels._dropout import keep_mask  # noqa: E402
 from attnbench.kernels.cuda import launch as cuda_backend  # noqa: E402
 

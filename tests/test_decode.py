@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attnbench import kernels
 from attnbench.kernels import mods
-from attnbench.kernels._decode_validate import check_decode_args
+from attnbench.kernels._problems.decode_checks import check_decode_args
 from attnbench.measure.oracle import decode_oracle, max_abs_error, tolerance
 from tests.support import COMPARISONS
 
@@ -175,7 +175,7 @@ def test_splits_agree_and_repeat_bit_for_bit(num_splits):
 def test_heads_read_together_or_apart_give_the_same_bits(monkeypatch, dims, which, dtype):
     """A paged cache with short runs is read a page at a time for every key/value head
     together (decode_plan.heads_per_task); each head's arithmetic is the one it has alone."""
-    from attnbench.kernels.numba_cpu import decode_plan
+    from attnbench.kernels.numba_cpu.decode import plan as decode_plan
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     rng = np.random.default_rng(11)
     q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 3, 400, 0, 8, 4, 16, dtype,

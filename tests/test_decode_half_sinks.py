@@ -70,7 +70,7 @@ def test_half_decode_matches_the_oracle(dtype, backend, Lq, Lk, Lnew, H, Hkv, pa
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 def test_half_nan_past_the_sequence_changes_no_bit(dtype, D, DV):
     """Both numba paths: the plain loops (D = 24) and the register-blocked products (D and
-    Dv multiples of 16, kernels/numba_cpu/decode_products.py)."""
+    Dv multiples of 16, kernels/numba_cpu/decode/chunks.py)."""
     rng = np.random.default_rng(11)
     sizes = {} if D is None else {"D": D, "DV": DV}
     q, k_cache, v_cache, table, lengths, _, _ = _decode_case(rng, 2, 300, 0, 4, 2, 16, dtype,

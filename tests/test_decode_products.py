@@ -1,4 +1,4 @@
-"""The numba decode kernel's register-blocked products (``kernels/numba_cpu/decode_products.py``).
+"""The numba decode kernel's register-blocked products (``kernels/numba_cpu/decode/chunks.py``).
 
 They run on fully visible chunks of float32 and half caches where D and Dv are multiples
 of 16 (float64 caches, and the other decode tests' D = 24, take the plain loops). Against
@@ -20,9 +20,9 @@ from numba import njit
 
 from attnbench import kernels
 from attnbench.kernels import mods
-from attnbench.kernels.numba_cpu.block_products import block_dots
-from attnbench.kernels.numba_cpu.decode_products import VALUE_RUN_BYTES, chunk_values
-from attnbench.kernels.numba_cpu.products import row_dots
+from attnbench.kernels.numba_cpu.decode.chunks import VALUE_RUN_BYTES, chunk_values
+from attnbench.kernels.numba_cpu.products.blocks import block_dots
+from attnbench.kernels.numba_cpu.products.intrinsics import row_dots
 
 from .test_decode import _check_against_oracle, _decode_case, fill_prefix
 

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("numba.cuda", reason="numba-cuda is missing: pip install attnbench[cuda]")
 
-from attnbench.kernels import _dispatch as _backends  # noqa: E402
+from attnbench.kernels._api import dispatch as _backends  # noqa: E402
 from attnbench.measure import gpu_device, gpu_timing  # noqa: E402
 from attnbench.sweep.grid import Point  # noqa: E402
 from attnbench.sweep.runner import PointRunner, make_inputs  # noqa: E402

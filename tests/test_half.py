@@ -365,7 +365,7 @@ def test_rounding_to_half_bits_compiles_without_numba_warnings(bits):
     from numba.core.errors import NumbaWarning
 
     from attnbench.kernels._jit.math import FASTMATH
-    from attnbench.kernels.numba_cpu.backward_tiles import store_key_block
+    from attnbench.kernels.numba_cpu.dense.backward_tiles import store_key_block
 
     # the backward's dk and dv stores, compiled here whatever Numba's cache holds
     store = njit(fastmath=FASTMATH)(store_key_block.py_func)

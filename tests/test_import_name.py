@@ -38,7 +38,7 @@ report = {"short_is_ours": kernels is ours, "owner": getattr(kernels, "OWNER", N
           "works": ours.attention(q, q, q, backend="reference").shape == (1, 2, 4, 8)}
 if report["short_is_ours"]:
     import kernels.mods
-    from kernels._dispatch import BACKENDS
+    from kernels._api.dispatch import BACKENDS
     report["mods_is_ours"] = kernels.mods is attnbench.kernels.mods
     short = [m for m in sys.modules if m.split(".")[0] == "kernels"]
     report["copies"] = [m for m in short if sys.modules[m] is not sys.modules["attnbench." + m]]
@@ -122,5 +122,5 @@ def test_the_wheel_ships_no_top_level_kernels(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"attnbench", "attnbench-0.1.0.dist-info"}
     assert "attnbench/kernels/__init__.py" in names
-    assert "attnbench/kernels/numba_cpu/pair_products.py" in names
+    assert "attnbench/kernels/numba_cpu/products/pairs.py" in names
     assert not any(name.endswith(".pth") for name in names)

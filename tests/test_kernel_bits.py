@@ -1,13 +1,13 @@
 """A kernel's bits do not depend on which kernels a process compiled before it.
 
-The micro-kernel's block function (``kernels.numba_cpu.micro._attend``) is called by the
+The micro-kernel's block function (``kernels.numba_cpu.dense.micro.attend_rows``) is called by the
 dense and the packed kernels, and each compiled copy of it summed a softmax row in the
 order LLVM's vectoriser picked for the ``reassoc`` loop in that copy's module.  A process
 that compiled the packed kernel first, and the next one, which loaded it from the cache and
 then compiled the dense kernel, ran two such copies: the packed call and the dense call of
 the same sequence differed by 1-4 ulps on about one row in ten, and which bits a call gave
 depended on the cache's history (a fresh clone's suite failed so).  The softmax row sums of
-the numba kernels are now :func:`kernels.numba_cpu.products.ordered_sum`, one order fixed
+the numba kernels are now :func:`kernels.numba_cpu.products.intrinsics.ordered_sum`, one order fixed
 by the row's length alone: checked here against a NumPy rendering of its documented order,
 and the failing order end to end, in a fresh cache.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from attnbench.kernels.numba_cpu.products import SUM_LANES, ordered_sum
+from attnbench.kernels.numba_cpu.products.intrinsics import SUM_LANES, ordered_sum
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,8 @@ SCENARIO = """
 import sys
 import numpy as np
 from attnbench import kernels
-from attnbench.kernels.numba_cpu import micro, planner
+from attnbench.kernels.numba_cpu.dense import micro
+from attnbench.kernels.numba_cpu import planner
 from tests.test_varlen import _packed
 from tests.test_varlen_micro import _dense_alone
 block = micro.CONFIGS[np.dtype(np.float32)][0]

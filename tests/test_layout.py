@@ -26,16 +26,18 @@ BACKENDS = ("kernels.reference", "kernels.numba_cpu", "kernels.cuda")
 #: for a backend) or a lower one.  Modules not named sit where their prefix does.
 LAYERS = {
     "kernels._dtypes": -1,  # Numba-free, imports no kernels module: every layer may read it
-    "kernels._arrays": -1,  # NumPy only: the first step of every array check
-    "kernels._problem": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
-    "kernels._jit": 0, "kernels._decode_problem": 0, "kernels.merge": 0, "kernels._sinks": 0,
-    "kernels.mods": 1, "kernels._varlen_problem": 1,
-    "kernels._validate": 2,
-    "kernels._decode_validate": 2.5,  # the decode checks, on the forward's (scale, dtypes)
+    "kernels._problems.arrays": -1,  # NumPy only: the first step of every array check
+    "kernels._jit": 0, "kernels._dropout": 0, "kernels.stats": 0, "kernels.softmax": 0,
+    "kernels.merge": 0,
+    "kernels._problems.dense": 0, "kernels._problems.decode": 0, "kernels._problems.sinks": 0,
+    "kernels.mods": 1, "kernels._problems.varlen": 1,
+    "kernels._problems.checks": 2,
+    "kernels._problems.decode_checks": 2.5,  # the decode checks, on the forward's (scale, dtypes)
     "kernels.reference": 3, "kernels.numba_cpu": 3, "kernels.cuda": 3,
-    "kernels._dispatch": 4,
-    "kernels._api": 5, "kernels._decode_api": 5,
-    "kernels.multihead": 6, "kernels.kvcache": 6, "kernels._varlen_api": 6, "kernels.mha": 7,
+    "kernels._api.dispatch": 4,
+    "kernels._api.dense": 5, "kernels._api.decode": 5,
+    "kernels._api.varlen": 5.5,  # a backend without a packed kernel runs dense calls
+    "kernels.multihead": 6, "kernels.kvcache": 6, "kernels.mha": 7,
     "kernels.cuda_backend": 7,
     "kernels": 8,
 }
@@ -89,9 +91,10 @@ def _backend(name: str) -> str | None:
 
 def test_the_package_is_read():
     names = set(_modules())
-    assert {"kernels", "kernels._api", "kernels._dispatch", "kernels.numba_cpu.forward",
-            "kernels.mods.lowering", "kernels.cuda.launch", "kernels.reference.forward"} <= names
-    imports = {(t, n) for t, n, _ in _imports("kernels.numba_cpu.forward")}
+    assert {"kernels", "kernels._api.dense", "kernels._api.dispatch",
+            "kernels.numba_cpu.dense.forward", "kernels.mods.lowering", "kernels.cuda.launch",
+            "kernels.reference.forward"} <= names
+    imports = {(t, n) for t, n, _ in _imports("kernels.numba_cpu.dense.forward")}
     assert ("kernels.numba_cpu.config", None) in imports  # from . import config
     assert ("kernels._jit.math", "FASTMATH") in imports  # from .._jit.math import FASTMATH
 
@@ -115,7 +118,7 @@ def test_imports_run_one_way():
             backend, target_backend = _backend(name), _backend(target)
             if backend and target_backend and backend != target_backend:
                 wrong.append(f"{name}:{line} imports another backend, {target}")
-            elif backend and target in ("kernels", "kernels._api", "kernels._dispatch"):
+            elif backend and target in ("kernels", "kernels._api.dense", "kernels._api.dispatch"):
                 wrong.append(f"{name}:{line} (a backend) imports {target}")
             elif target_layer > layer or (target_layer == layer and target_group != group):
                 wrong.append(f"{name}:{line} imports {target}, above it")

@@ -17,7 +17,8 @@ import pytest
 
 from attnbench import kernels
 from attnbench.kernels.mods import dense_mask
-from attnbench.kernels.numba_cpu import choose, micro_mods
+from attnbench.kernels.numba_cpu import choose
+from attnbench.kernels.numba_cpu.dense import micro_mods
 from attnbench.measure.oracle import tolerance
 
 from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle

@@ -1,4 +1,4 @@
-"""The micro-kernel path with mask and score functions (kernels/numba_cpu/micro_mods.py).
+"""The micro-kernel path with mask and score functions (kernels/numba_cpu/dense/micro_mods.py).
 
 Every case runs both ways of packing (a packing launch, or fused into the task loop),
 which must agree bit for bit, and is judged against the float64 oracle under the
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from attnbench import kernels
 from attnbench.kernels import mods
-from attnbench.kernels.numba_cpu import choose, config, micro, micro_mods
+from attnbench.kernels.numba_cpu import choose, config
 from attnbench.kernels.numba_cpu import planner as _microplan
+from attnbench.kernels.numba_cpu.dense import micro, micro_mods
 from attnbench.measure.oracle import tolerance
 
 from .support import COMPARISONS, assert_lse_near_the_oracle, max_error, oracle

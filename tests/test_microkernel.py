@@ -1,4 +1,4 @@
-"""The micro-kernel path (kernels/numba_cpu/micro.py) against the reference.
+"""The micro-kernel path (kernels/numba_cpu/dense/micro.py) against the reference.
 
 Both ways of packing K and V (a separate launch, or fused into the task loop) are run on
 every checked case and must agree exactly (half inputs pack fused only).
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from attnbench.kernels._dtypes import is_half
-from attnbench.kernels.numba_cpu import micro as mk
-from attnbench.kernels.numba_cpu.products import tile_product
+from attnbench.kernels.numba_cpu.dense import micro as mk
+from attnbench.kernels.numba_cpu.products.intrinsics import tile_product
 from attnbench.measure.oracle import tolerance
 
 from .support import COMPARISONS, max_error, oracle

@@ -1,4 +1,4 @@
-"""The micro-kernel path's planner (kernels/_microplan.py) and its persisted choices.
+"""The micro-kernel path's planner (kernels/numba_cpu/planner.py) and its persisted choices.
 
 Nothing here compiles or times a kernel: the timer is replaced by one that returns given
 samples and counts its calls, so these tests check the bookkeeping (fastest median kept,

@@ -22,7 +22,7 @@ import pytest
 from attnbench import kernels
 from attnbench.kernels import mods
 from attnbench.kernels.numba_cpu import choose, config
-from attnbench.kernels.numba_cpu import forward as _numba_mods
+from attnbench.kernels.numba_cpu.dense import forward as _numba_mods
 
 from .support import DTYPES, assert_matches_reference, max_error, oracle, tolerance
 

@@ -2,7 +2,7 @@
 
 - its mod functions, the score function's derivative included, are structure-keyed
   :class:`kernels.mods.cache.CachedFn` for built-ins, dispatchers for user functions;
-- built-ins run :data:`kernels.numba_cpu.backward.KERNELS` (cached), a user function anywhere
+- built-ins run :data:`kernels.numba_cpu.dense.backward.KERNELS` (cached), a user function anywhere
   in the call runs ``KERNELS_WITH_USER_MODS`` (compiled per process), and no dispatcher
   type ever reaches the cached kernel's signatures.
 
@@ -16,11 +16,11 @@ import pytest
 from numba import types
 
 from attnbench.kernels import mods
-from attnbench.kernels._validate import check_attention_args, check_mods
+from attnbench.kernels._problems.checks import check_attention_args, check_mods
 from attnbench.kernels.mods import cache as _mods_cache
-from attnbench.kernels.numba_cpu import backward as numba_backward
 from attnbench.kernels.numba_cpu import config
-from attnbench.kernels.numba_cpu import mods as _numba_mods_backward
+from attnbench.kernels.numba_cpu.dense import backward as numba_backward
+from attnbench.kernels.numba_cpu.dense import mods as _numba_mods_backward
 
 from .backward_support import assert_gradients_match
 

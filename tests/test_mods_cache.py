@@ -22,7 +22,7 @@ from numba import njit, types
 from attnbench.kernels import mods
 from attnbench.kernels.mods import cache as _mods_cache
 from attnbench.kernels.numba_cpu import config
-from attnbench.kernels.numba_cpu import forward as _numba_mods
+from attnbench.kernels.numba_cpu.dense import forward as _numba_mods
 
 from .support import REPO, assert_matches_reference
 
@@ -111,8 +111,8 @@ from attnbench import kernels
 from attnbench.kernels import mods
 from attnbench.kernels.mods import dense as _mods_dense
 from attnbench.kernels.numba_cpu import config
-from attnbench.kernels.numba_cpu import forward as _numba_mods
-from attnbench.kernels.numba_cpu import mods as _numba_cpu_mods
+from attnbench.kernels.numba_cpu.dense import forward as _numba_mods
+from attnbench.kernels.numba_cpu.dense import mods as _numba_cpu_mods
 config.SERIAL_WORK_LIMIT = float("inf")
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))

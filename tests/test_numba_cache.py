@@ -1,9 +1,9 @@
-"""The package's Numba cache stamps (kernels/_numba_cache.py): an edit of a helper module
+"""The package's Numba cache stamps (kernels/_jit/cache.py): an edit of a helper module
 that a cached kernel imports makes that kernel's cache entry stale."""
 
 from attnbench.kernels._jit import cache as _numba_cache
-from attnbench.kernels.numba_cpu import forward
-from attnbench.kernels.numba_cpu import micro as _microkernel
+from attnbench.kernels.numba_cpu.dense import forward
+from attnbench.kernels.numba_cpu.dense import micro as _microkernel
 
 
 def _package(tmp_path, files):
@@ -36,7 +36,7 @@ def test_the_stamp_changes_when_a_helper_changes(monkeypatch, tmp_path):
 
 def test_the_kernels_are_stamped_with_their_helpers():
     assert _numba_cache.INSTALLED
-    for kernel, helpers in ((forward._attend_block, {"math.py", "tiles.py"}),
+    for kernel, helpers in ((forward.attend_block, {"math.py", "tiles.py"}),
                             (_microkernel._kernel, {"math.py", "launch.py"})):
         locator = kernel._cache._impl.locator
         assert getattr(locator, "package_locator", False)
@@ -50,7 +50,7 @@ def test_functions_outside_the_package_keep_numbas_locators(tmp_path):
     source.write_text("def f(x):\n    return x\n")
     namespace = {}
     exec(compile(source.read_text(), str(source), "exec"), namespace)
-    locator_class = type(forward._attend_block._cache._impl.locator)
+    locator_class = type(forward.attend_block._cache._impl.locator)
     assert locator_class.from_function(namespace["f"], str(source)) is None
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from attnbench import kernels
 from attnbench.kernels.numba_cpu import choose, config
-from attnbench.kernels.numba_cpu import micro as _microkernel
 from attnbench.kernels.numba_cpu import planner as _microplan
+from attnbench.kernels.numba_cpu.dense import micro as _microkernel
 from attnbench.measure.machine import machine_record, summary_lines
 from attnbench.measure.oracle import tolerance
 

@@ -23,7 +23,8 @@ import pytest
 
 from attnbench import kernels
 from attnbench.kernels._jit import math as jit_math
-from attnbench.kernels.numba_cpu import backward, config, forward
+from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu.dense import backward, forward
 
 from .support import DTYPES, Case, assert_matches_reference, make_inputs
 

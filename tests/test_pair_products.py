@@ -1,4 +1,4 @@
-"""The bfloat16 pair products of the decode kernel (``kernels/numba_cpu/pair_products.py``).
+"""The bfloat16 pair products of the decode kernel (``kernels/numba_cpu/products/pairs.py``).
 
 Both products against NumPy in float64 (the products of two bfloat16 are exact in float32,
 so the error is the float32 sums' alone), in both forms: the ``vdpbf16ps`` instruction
@@ -24,8 +24,8 @@ import pytest
 from numba import njit
 
 from attnbench.kernels._jit.isa import AVX2_TARGET
-from attnbench.kernels.numba_cpu.decode_products import round_weights
-from attnbench.kernels.numba_cpu.pair_products import (
+from attnbench.kernels.numba_cpu.decode.chunks import round_weights
+from attnbench.kernels.numba_cpu.products.pairs import (
     NATIVE,
     pair_block_dots,
     pair_row_dots,
@@ -242,7 +242,7 @@ def test_decode_on_the_pair_path_matches_the_oracle(H, Hkv, D, Dv, page_size, nu
 _REFUSED = """
 import numpy as np
 from numba import njit
-from attnbench.kernels.numba_cpu.pair_products import NATIVE, pair_row_dots
+from attnbench.kernels.numba_cpu.products.pairs import NATIVE, pair_row_dots
 assert not NATIVE
 @njit
 def dots(a, b, c):

@@ -27,7 +27,8 @@ def _tile_products(request, monkeypatch):
     if backend == "numba-loops":
         monkeypatch.setattr(config, "HAVE_BLAS", False)
     if backend == "numba-micro":
-        from attnbench.kernels.numba_cpu import micro, planner
+        from attnbench.kernels.numba_cpu import planner
+        from attnbench.kernels.numba_cpu.dense import micro
 
         f32 = np.dtype(np.float32)
         monkeypatch.setitem(planner._CHOICES, f32, micro.CONFIGS[f32][0])

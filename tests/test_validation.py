@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attnbench import kernels
-from attnbench.kernels import _dispatch as _backends
+from attnbench.kernels._api import dispatch as _backends
 
 F32 = np.float32
 Q = np.zeros((2, 4, 5, 8), F32)  # (B, H, Lq, D)
@@ -64,7 +64,7 @@ def test_bad_input_raises_a_clear_error(name, args, error, words, backend):
 
 def test_errors_come_before_any_backend_runs(monkeypatch):
     """Validation runs first: a bad argument never reaches a backend module."""
-    from attnbench.kernels import _api
+    from attnbench.kernels._api import dense as _api
 
     def explode(name, entry):
         raise AssertionError(f"backend {name} was reached ({entry})")

@@ -1,4 +1,4 @@
-"""Packed batches on the micro-kernel path (:mod:`kernels.numba_cpu.varlen_micro`).
+"""Packed batches on the micro-kernel path (:mod:`kernels.numba_cpu.varlen.micro`).
 
 Where the planner chose the micro-kernel for dense calls, a plain packed call takes it
 too.  It must agree with the oracle per sequence (as ``tests/test_varlen.py`` judges the
@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from attnbench import kernels
-from attnbench.kernels._varlen_api import prepare_varlen
-from attnbench.kernels.numba_cpu import micro, varlen, varlen_micro
+from attnbench.kernels._api.varlen import prepare_varlen
 from attnbench.kernels.numba_cpu import planner as _microplan
+from attnbench.kernels.numba_cpu.dense import micro
+from attnbench.kernels.numba_cpu.varlen import blocks as varlen
+from attnbench.kernels.numba_cpu.varlen import micro as varlen_micro
 
 from .test_varlen import LENGTHS, _assert_forward, _packed
 

@@ -23,7 +23,8 @@ from numba import njit, prange
 
 from attnbench import kernels
 from attnbench.kernels._jit import launch as jit_launch
-from attnbench.kernels.numba_cpu import config, forward
+from attnbench.kernels.numba_cpu import config
+from attnbench.kernels.numba_cpu.dense import forward
 
 __all__ = ["available", "measurable", "tile_gemms", "tile_gemms_call"]
 

@@ -1,6 +1,6 @@
 """Timing attention on a GPU: device-resident inputs, CUDA events, the card's peak.
 
-A sweep point of a GPU backend (``cuda``: :mod:`kernels.cuda_backend`; ``torch-cuda``:
+A sweep point of a GPU backend (``cuda``: :mod:`kernels.cuda.launch`; ``torch-cuda``:
 PyTorch's ``scaled_dot_product_attention`` on the GPU) is measured in three parts, each
 with :class:`attnbench.measure.timing.Timing` statistics (median, IQR over batches):
 
@@ -210,7 +210,7 @@ def time_attention(backend: str, q, k, v, kwargs: dict, *, max_time: float = 0.2
 
 
 def _cuda_parts(q, k, v, kwargs):
-    """(upload, launch, download, device bytes) for kernels.cuda_backend."""
+    """(upload, launch, download, device bytes) for the cuda backend."""
     from numba import cuda
 
     from attnbench.kernels.cuda import launch as cuda_backend

@@ -168,7 +168,7 @@ def max_abs_error(result: np.ndarray, exact: np.ndarray) -> float:
 
 
 def decode_oracle(problem):
-    """The oracle and baseline of a decode step (:class:`kernels._decode_problem.DecodeProblem`,
+    """The oracle and baseline of a decode step (:class:`kernels._problems.decode.DecodeProblem`,
     new tokens already in the cache): ``(exact, plain)``, each ``(out, lse)``.
 
     As :func:`oracle_runs`: the reference decode (:mod:`kernels.reference.decode`, pages

@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from attnbench import kernels
-from attnbench.kernels._decode_validate import check_decode_args
+from attnbench.kernels._problems.decode_checks import check_decode_args
 from attnbench.measure import peers
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.measure.grad_oracle import gradient_oracle

@@ -1,8 +1,8 @@
 """Numba's on-disk cache, made to notice edits of the helpers a cached kernel calls.
 
 Numba stamps a cached function with its own source file only: a kernel in
-``numba_cpu/forward.py`` that inlines ``exp32`` from ``_jit/math.py`` would keep its stale
-machine code after ``_jit/math.py`` changed. Importing this module puts
+``numba_cpu/dense/forward.py`` that inlines ``exp32`` from ``_jit/math.py`` would keep its
+stale machine code after ``_jit/math.py`` changed. Importing this module puts
 :class:`PackageCacheLocator` first in Numba's list of cache locators: for a function
 defined in this package it finds the cache directory as Numba would (``NUMBA_CACHE_DIR``,
 ``__pycache__``, the user's cache), and stamps the entry with the contents of its own file

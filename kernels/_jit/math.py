@@ -2,7 +2,7 @@
 constants in the input's dtype, and the fastmath flag sets.
 
 Shared by the forward kernel (:mod:`kernels.numba_cpu`), the micro-kernel path
-(:mod:`kernels.numba_cpu.micro`), the kernel with mods and the backward kernels.
+(:mod:`kernels.numba_cpu.dense.micro`), the kernel with mods and the backward kernels.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def prefetch_rows(typingctx, arr, first, count, row_size):
     are best spread out: a chunk's prefetches all issued during its scores fill the
     core's miss buffers while the scores wait for their own rows, so the key rows'
     prefetches go in the scores and the value rows' in the values' product
-    (:mod:`kernels.numba_cpu.decode_products`, runs of 4 KiB; docs/guide/decode.md)."""
+    (:mod:`kernels.numba_cpu.decode.chunks`, runs of 4 KiB; docs/guide/decode.md)."""
     if not isinstance(arr, types.Array) or not all(
             isinstance(x, types.Integer) for x in (first, count, row_size)):
         return None

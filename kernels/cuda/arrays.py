@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .._problem import AttentionProblem
-from .._validate import check_options, check_qkv
+from .._problems.checks import check_options, check_qkv
+from .._problems.dense import AttentionProblem
 
 
 def _is_device_array(x) -> bool:

@@ -37,14 +37,21 @@ from numba import cuda
 
 from .._dropout import dropout_threshold
 from .._dtypes import FULL_DTYPES, compute_dtype
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from ..mods import lowering as mc
 from ..mods.cells import EMPTY, FULL
 from ..mods.dense import run_user_code
 from ..mods.lowering import mod_arguments
 from . import launch
 from .device import SIMULATOR, _device, _dropout_bits, make_dot
-from .half import compute_type, conversions, kernel_view, storage_dtype, storage_type, user_view
+from .half import (
+    compute_type,
+    conversions,
+    kernel_view,
+    storage_dtype,
+    storage_type,
+    user_view,
+)
 from .launch import _simulator_lock, check_supported
 from .source import MAX_HEAD_DIM
 

@@ -29,8 +29,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .._decode_problem import DecodeProblem
 from .._dtypes import FULL_DTYPES, compute_dtype
+from .._problems.decode import DecodeProblem
 from .device import SIMULATOR
 from .half import compute_type, conversions, kernel_view, storage_type, user_view
 from .launch import _simulator_lock

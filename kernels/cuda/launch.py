@@ -15,8 +15,7 @@ This module configures and launches the kernel; the pieces live beside it:
 Entry points: :func:`run` (a validated problem of NumPy arrays, what
 ``kernels.attention(..., backend="cuda")`` calls), :func:`attention_device` (device arrays
 in and out) and :func:`prepare_launch` (validate once, then launch only, for timing).
-``kernels.cuda_backend`` is an alias of this module's entry points (the import path of
-earlier releases).
+``kernels.cuda_backend`` is the public import path of the last two.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from numba import cuda
 
 from .._dropout import dropout_threshold
 from .._dtypes import compute_dtype, rounded_to
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from ..mods.dense import run_user_code
 from ..mods.lowering import user_names
 from . import mods as cuda_mods

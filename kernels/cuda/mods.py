@@ -1,6 +1,6 @@
 """The ``cuda`` backend for calls with a ``score_mod`` or ``mask_mod`` (:mod:`kernels.mods`).
 
-The kernel of :mod:`kernels.cuda_backend` (one thread per query row, K and V tiles in
+The kernel of :mod:`kernels.cuda.launch` (one thread per query row, K and V tiles in
 shared memory, the online softmax per thread), with the mod functions compiled in as CUDA
 device functions from the same Python source the CPU kernel compiles with ``numba.njit``
 (as the dropout hash is shared).  A kernel is built per dtype and per function structure;
@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from ..mods import lowering as mc
 from .device import SIMULATOR
 from .source import _signature, kernel_source

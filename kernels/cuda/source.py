@@ -1,6 +1,6 @@
 """The ``cuda`` backend's forward kernel: fused masked attention with numba.cuda.
 
-One CUDA thread owns one query row; a block holds ``cuda_backend.BLOCK_Q`` consecutive rows
+One CUDA thread owns one query row; a block holds ``launch.BLOCK_Q`` consecutive rows
 of one (batch, head) and the 1-D grid covers every (batch, head, query tile),
 query tiles of the same head side by side so that they share K and V in L2.
 The block walks the keys in tiles of ``BLOCK_K``: its threads copy the K and V

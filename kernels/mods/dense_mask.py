@@ -1,7 +1,7 @@
 """A dense ``mask=`` as mods, for a path that takes mods but no dense mask (the numba
-micro-kernel path, :mod:`kernels.numba_cpu.micro_mods`).
+micro-kernel path, :mod:`kernels.numba_cpu.dense.micro_mods`).
 
-The mask is the validated 4-D one (:attr:`kernels._problem.AttentionProblem.mask`: dims
+The mask is the validated 4-D one (:attr:`kernels._problems.dense.AttentionProblem.mask`: dims
 of size 1 or full, bool or additive in the scores' compute dtype); it is bound as it is,
 never expanded, and each index is clamped to its dim (``min(b, Bm - 1)``: 0 for a
 broadcast dim).

@@ -34,6 +34,7 @@ from numba import njit, types
 
 from .._dtypes import compute_dtype
 from .._jit.math import EXACT_MATH
+from .._problems.arrays import wrong_dtype
 from .cells import EMPTY, FULL, PARTIAL
 
 # --- jitting per target -----------------------------------------------------------------------
@@ -215,7 +216,7 @@ def normalise_array(name: str, x) -> np.ndarray:
     """A bound array as a C-contiguous NumPy array of a numeric or bool dtype."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected bool, integer or float")
+        raise wrong_dtype(name, arr.dtype, "bool, integer or float")
     return np.ascontiguousarray(arr)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._problems.arrays import require_integers, wrong_dtype, wrong_shape
 from .base import MaskMod, _compile, _int, source_name
 from .cells import EMPTY, FULL, PARTIAL
 from .user import as_mask_mod
@@ -102,7 +103,7 @@ def _batch_vector(name: str, x, kind: str) -> np.ndarray:
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer))
     if arr.dtype == np.bool_ or not ok:
         expected = "integers" if kind == "int" else "floats"
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected {expected}")
+        raise wrong_dtype(name, arr.dtype, f"{expected}")
     if arr.ndim > 1:
         raise ValueError(f"{name} must be a scalar or 1-D; got shape {arr.shape}")
     return np.ascontiguousarray(arr.reshape(-1))
@@ -129,7 +130,7 @@ def prefix_lm(prefix_lengths) -> MaskMod:
 
     def check(B, H, Lq, Lk):
         if lengths.shape[0] not in (1, B):
-            raise ValueError(f"prefix_lengths has shape {lengths.shape}; expected ({B},) or a "
+            raise wrong_shape("prefix_lengths", lengths.shape, f"({B},) or a "
                              f"scalar for a batch of {B}")
 
     name = f"prefix_lm({lengths.tolist() if lengths.size <= 8 else '...'})"
@@ -179,9 +180,7 @@ def document(doc_ids) -> MaskMod:
     MaskMod
         For ``mask_mod=`` of :func:`kernels.attention` and :func:`kernels.attention_backward`.
     """
-    ids = np.asarray(doc_ids)
-    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"doc_ids has dtype {ids.dtype}; expected integers")
+    ids = require_integers("doc_ids", doc_ids)
     if ids.ndim == 1:
         ids = ids[None]
     if ids.ndim != 2:

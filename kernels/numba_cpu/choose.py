@@ -1,13 +1,13 @@
 """The ``numba`` backend's forward entry: which path a call takes.
 
 - without dropout or weights, a parallel call takes the register-blocked micro-kernel
-  path (:mod:`kernels.numba_cpu.micro`; with a ``score_mod`` or ``mask_mod``, or a dense
+  path (:mod:`kernels.numba_cpu.dense.micro`; with a ``score_mod`` or ``mask_mod``, or a dense
   ``mask`` turned into mods by :func:`kernels.mods.dense_mask.as_mods`,
-  :mod:`kernels.numba_cpu.micro_mods`) where the planner
+  :mod:`kernels.numba_cpu.dense.micro_mods`) where the planner
   (:mod:`kernels.numba_cpu.planner`) chose it for the machine and dtype;
-- else the tile kernel (:func:`kernels.numba_cpu.forward.run_tiles`; a ``score_mod`` or
+- else the tile kernel (:func:`kernels.numba_cpu.dense.forward.run_tiles`; a ``score_mod`` or
   ``mask_mod`` compiled in), serial for small problems
-  (:func:`kernels.numba_cpu.forward.is_small`), parallel otherwise.
+  (:func:`kernels.numba_cpu.dense.forward.is_small`), parallel otherwise.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 
 from .._dtypes import compute_dtype, is_half
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from ..mods import dense_mask
-from . import forward, micro_mods, planner
-from . import micro as micro_kernel
+from . import planner
+from .dense import forward, micro_mods
+from .dense import micro as micro_kernel
 
 
 def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
@@ -32,7 +33,7 @@ def micro_block(problem: AttentionProblem, parallel, use_blas, micro):
     ``micro`` and ``use_blas`` are None, the problem is not small and the planner
     chose it for this machine (:func:`kernels.numba_cpu.planner.block_for`).  Half inputs
     take it as float32 does (the float32 plan and choice serve them) where it packs fused
-    (:func:`kernels.numba_cpu.micro.fuses`: each task widens one key head into float32
+    (:func:`kernels.numba_cpu.dense.micro.fuses`: each task widens one key head into float32
     panels, never the whole K and V), and without mods or a mask; else the tiles.
     """
     has_mods = problem.mask_mod is not None or problem.score_mod is not None

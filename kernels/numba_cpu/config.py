@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 
-# --- the forward kernel (kernels.numba_cpu.forward) ------------------------------------------
+# --- the forward kernel (kernels.numba_cpu.dense.forward) -------------------------------------
 
 #: Query rows per parallel task: K and V tiles are reused across these rows.
 BLOCK_Q = 512
 #: Smallest query block: smaller problems get smaller blocks, down to this, until each
-#: thread has two tasks (see :func:`kernels.numba_cpu.choose.block_rows`).
+#: thread has two tasks (see :func:`kernels.numba_cpu.dense.forward.block_rows`).
 MIN_BLOCK_Q = 32
 #: Keys per tile of the online softmax.
 BLOCK_K = 256
@@ -24,16 +24,16 @@ BLOCK_K_DIAGONAL = 64
 #: about 2**20 on, when there are tasks for both).
 SERIAL_WORK_LIMIT = 1 << 20
 
-# --- with a mask_mod (kernels.numba_cpu.mods) -------------------------------------------------
+# --- with a mask_mod (kernels.numba_cpu.dense.mods) -------------------------------------------
 
 #: Query rows per task when a mask function is given, unless larger blocks compute no
-#: more pairs (see :func:`kernels.numba_cpu.mods.mask_block_rows`): a block of 64 rows
+#: more pairs (see :func:`kernels.numba_cpu.dense.mods.mask_block_rows`): a block of 64 rows
 #: under a window of W keys reads ~W + 64 keys per row.
 MOD_BLOCK_Q = 64
 #: Keys per cell: the unit of the tile classification.
 CELL_K = 64
 
-# --- the backward kernel (kernels.numba_cpu.backward) -----------------------------------------
+# --- the backward kernel (kernels.numba_cpu.dense.backward) -----------------------------------
 
 #: Query rows per tile.
 BACKWARD_BLOCK_Q = 128

@@ -1,6 +1,6 @@
 """The micro-kernel path's planner, and its choices persisted ("wisdom", as FFTW says).
 
-:func:`plan` picks the register block of :data:`kernels.numba_cpu.micro.CONFIGS`,
+:func:`plan` picks the register block of :data:`kernels.numba_cpu.dense.micro.CONFIGS`,
 :func:`choice` whether that block beats the BLAS tile kernel; both time one thread by CPU
 time and persist what they chose.
 
@@ -29,11 +29,11 @@ import numpy as np
 
 from .._dtypes import compute_dtype
 from .._jit import isa
-from .._validate import check_attention_args
+from .._problems.checks import check_attention_args
 from ..stats import median_interval
-from . import forward
-from .micro import CONFIGS, run
-from .pair_products import NATIVE
+from .dense import forward
+from .dense.micro import CONFIGS, run
+from .products.pairs import NATIVE
 
 __all__ = ["FILENAME", "NOT_PLANNED", "PLAN_WORK_LIMIT", "VERSION", "PlanningWarning",
            "block_for", "choice", "forms", "load", "locations", "machine_key", "plan",

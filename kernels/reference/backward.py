@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._dropout import keep_mask
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from . import formulas
 from .forward import _logsumexp_visible, _softmax_visible, _weighted_values, sink_logits
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._decode_problem import DecodeProblem
 from .._dtypes import compute_dtype as dtype_computed_in
+from .._problems.decode import DecodeProblem
 from . import formulas
 from .forward import _logsumexp_visible, _rounding, _softmax_visible, _weighted_values
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._dropout import keep_mask
 from .._dtypes import compute_dtype as dtype_computed_in
-from .._problem import AttentionProblem
+from .._problems.dense import AttentionProblem
 from . import formulas
 
 
@@ -24,7 +24,7 @@ def _softmax_visible(scores: np.ndarray, visible: np.ndarray, sinks=None) -> np.
     """Row softmax over the visible entries; rows with no visible entry are all 0.
 
     ``sinks`` (broadcastable to the rows, e.g. (1, H, 1, 1)): a logit per row that joins
-    the denominator and has no weight of its own (:mod:`kernels._sinks`).
+    the denominator and has no weight of its own (:mod:`kernels._problems.sinks`).
     """
     scores = np.where(visible, scores, -np.inf)
     any_visible = visible.any(axis=-1, keepdims=True)

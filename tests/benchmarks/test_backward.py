@@ -12,7 +12,7 @@ tests' tolerance (:mod:`tests.backward_support`).
 import pytest
 
 from attnbench import kernels
-from attnbench.kernels._dispatch import has_real_gpu
+from attnbench.kernels._api.dispatch import has_real_gpu
 from attnbench.measure.flops import attention_flops, backward_flops
 from attnbench.measure.grad_oracle import lse_rounding
 from attnbench.measure.oracle import tolerance

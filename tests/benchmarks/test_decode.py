@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnbench import kernels
-from attnbench.kernels._decode_validate import check_decode_args
+from attnbench.kernels._problems.decode_checks import check_decode_args
 from attnbench.measure.oracle import decode_oracle, max_abs_error, tolerance
 from tests.benchmarks.common import GRID
 

@@ -5,14 +5,14 @@ Where the planner chose the register-blocked micro-kernel for dense calls of the
 dropout) takes it too, so that a packed batch runs the micro-kernel its large dense calls
 run (small dense calls, and half ones without enough heads to fuse, run the tiles). A task
 is (sequence b, key head hk, a range of query rows): it packs the keys and values of (b,
-hk) that its rows can see into panels (:func:`kernels.numba_cpu.micro._pack_head`), then
-runs the dense micro-kernel's query blocks (:func:`kernels.numba_cpu.micro._attend`) for
+hk) that its rows can see into panels (:func:`kernels.numba_cpu.dense.micro.pack_head`), then
+runs the dense micro-kernel's query blocks (:func:`kernels.numba_cpu.dense.micro.attend_rows`) for
 each query head of hk's group over its rows, on the sequence's C-contiguous (1, H, L_b, D)
-blocks of the sequence-major copies :mod:`kernels.numba_cpu.varlen` makes. A sequence's
+blocks of the sequence-major copies :mod:`kernels.numba_cpu.varlen.blocks` makes. A sequence's
 rows are one task unless there are fewer than four tasks per thread or one task holds more
 than a thread's share of the work; then they are split (each part packs the keys it sees
 again: under a causal mask, only those). Tasks are dealt to the threads by their work,
-longest first (:func:`kernels.numba_cpu.varlen.deal`).
+longest first (:func:`kernels.numba_cpu.varlen.blocks.deal`).
 
 Half inputs: their bits, widened into the float32 panels as they are packed (one key
 head per task, never a float32 copy of K or V), out rounded once to the input dtype.
@@ -23,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 from numba import literally, njit, prange
 
-from .._dtypes import compute_dtype
-from .._jit.half import compute_dtype_of
-from .._jit.launch import launch_guard
-from .._varlen_problem import VarlenProblem
-from .micro import BLOCK_K, BLOCK_Q, _attend, _launch, _pack_head
+from ..._dtypes import compute_dtype
+from ..._jit.half import compute_dtype_of
+from ..._jit.launch import launch_guard
+from ..._problems.varlen import VarlenProblem
+from ..dense.micro import BLOCK_K, BLOCK_Q, attend_rows, launch_kernel, pack_head
 
 
 @njit(parallel=True, cache=True)
@@ -53,13 +53,13 @@ def _kernel(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, bottom_right
             vb = vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv))
             kp = np.empty((-(-key_end // nr), D, nr), dtype=compute_dtype_of(qf))
             vp = np.empty((key_end, Dv_pad), dtype=compute_dtype_of(qf))
-            _pack_head(kb, vb, key_end, batch, hk, kp, vp)
+            pack_head(kb, vb, key_end, batch, hk, kp, vp)
             qb = qf[H * D * q0:H * D * q1].reshape((1, H, Lq, D))
             ob = of[H * Dv * q0:H * Dv * q1].reshape((1, H, Lq, Dv))
             lb = lf[H * q0:H * q1].reshape((1, H, Lq))
             for h in range(hk * group, (hk + 1) * group):
                 for i0 in range(r0, r1, block_q):
-                    _attend(qb, kp, vp, lengths_k[b:b + 1], causal, offset, scale, ob, lb,
+                    attend_rows(qb, kp, vp, lengths_k[b:b + 1], causal, offset, scale, ob, lb,
                             batch, h, i0, min(i0 + block_q, r1), block_k, mr, nr)
 
 
@@ -104,8 +104,8 @@ def run(problem: VarlenProblem, block, of, lf, sequence_major, bins) -> None:
     ``-inf``) for a plain packed call by the register block ``block = (mr, nr)``.
 
     ``sequence_major``: q, k and v (their bits) sequence after sequence, as
-    :func:`kernels.numba_cpu.varlen._qkv_by_sequence` returns them; ``bins``: the tasks of
-    :func:`split_tasks` dealt to the threads (:func:`kernels.numba_cpu.varlen.deal`).
+    :func:`kernels.numba_cpu.varlen.blocks._qkv_by_sequence` returns them; ``bins``: the tasks of
+    :func:`split_tasks` dealt to the threads (:func:`kernels.numba_cpu.varlen.blocks.deal`).
     """
     mr, nr = block
     dtype = compute_dtype(problem.dtype).type
@@ -114,4 +114,4 @@ def run(problem: VarlenProblem, block, of, lf, sequence_major, bins) -> None:
             problem.causal == "bottom-right", problem.causal is not False,
             dtype(problem.scale), BLOCK_Q, -(-BLOCK_K // nr) * nr)
     with launch_guard():
-        _launch(args, mr, nr, kernel=_kernel)
+        launch_kernel(args, mr, nr, kernel=_kernel)

@@ -3,7 +3,7 @@
 The question it answers ("the GEMM floor"): can the fused kernel beat its own
 BLAS floor by replacing OpenBLAS's tile GEMMs (repacked on every call) with products on
 panels packed once per (batch, head)?  This module is the alternative, measured by
-``scripts/bench_gemm_floor.py``.  The numba backend (:func:`kernels.numba_cpu.choose.run`) takes
+``attnbench bench --only speed`` (docs/gemm-floor.md).  The numba backend (:func:`kernels.numba_cpu.choose.run`) takes
 this path where :mod:`kernels.numba_cpu.planner` found it faster on the machine.
 
 Layout.  For each (batch, key/value head) the keys are packed once into panels of ``nr``
@@ -19,7 +19,7 @@ it is copied into a zero-padded block and walks the keys in tiles of ``block_k``
                               no fastmath on the -inf paths)
     acc = acc · c + P · V    by ``mr`` x ``nr`` register blocks, accumulating into acc
 
-Both products are one micro-kernel (:func:`kernels.numba_cpu.products.tile_product`):
+Both products are one micro-kernel (:func:`kernels.numba_cpu.products.intrinsics.tile_product`):
 ``mr`` accumulators of ``nr`` lanes held in vector registers across the whole depth, one
 vector load of the packed operand and ``mr`` broadcasts per step, one fused multiply-add
 per accumulator, written in LLVM IR (see that module).
@@ -43,12 +43,12 @@ import numba
 import numpy as np
 from numba import literally, njit, prange, types
 
-from .._dtypes import bits_dtype, bits_view, compute_dtype, is_half
-from .._jit.half import compute_dtype_of, narrow, widen
-from .._jit.launch import launch_guard
-from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
-from .._validate import check_attention_args
-from .products import SUM_LANES, ordered_sum, tile_product
+from ..._dtypes import bits_dtype, bits_view, compute_dtype, is_half
+from ..._jit.half import compute_dtype_of, narrow, widen
+from ..._jit.launch import launch_guard
+from ..._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
+from ..._problems.checks import check_attention_args
+from ..products.intrinsics import SUM_LANES, ordered_sum, tile_product
 
 __all__ = ["CONFIGS", "attention", "run"]
 
@@ -67,7 +67,7 @@ FUSE_TASKS_PER_THREAD = 4
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
+def pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
     """kp_bh = keys of (b, hk) in panels of nr (zero past key_end), vp_bh = padded values
     (half bits widened to the panels' float32 as they are packed)."""
     D, Dv, nr = k.shape[3], v.shape[3], kp_bh.shape[2]
@@ -84,11 +84,11 @@ def _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh):
 
 @njit(parallel=True, cache=True)
 def _pack(k, v, key_lengths, kp, vp):
-    """Every (batch, key head) packed by :func:`_pack_head`, in parallel."""
+    """Every (batch, key head) packed by :func:`pack_head`, in parallel."""
     Hkv = k.shape[1]
     for bh in prange(k.shape[0] * Hkv):
         b, hk = bh // Hkv, bh % Hkv
-        _pack_head(k, v, key_lengths[b], b, hk, kp[b, hk], vp[b, hk])
+        pack_head(k, v, key_lengths[b], b, hk, kp[b, hk], vp[b, hk])
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -96,7 +96,7 @@ def block_state(q, scale, b, h, i0, i1, block_k, Dv_pad, mr):
     """``(qb, s, s_rows, acc, row_max, row_sum, row_nan)`` of rows [i0, i1) of (b, h): the
     queries in a block zero-padded to a multiple of ``mr`` rows, the scores (then P) of a
     tile (``block_k`` per row), the output rows (``Dv_pad`` lanes), each row's running
-    max, sum and NaN flag.  Shared with :mod:`kernels.numba_cpu.micro_mods`."""
+    max, sum and NaN flag.  Shared with :mod:`kernels.numba_cpu.dense.micro_mods`."""
     D = q.shape[3]
     n = i1 - i0
     n_pad = -(-n // mr) * mr
@@ -175,7 +175,7 @@ def finish_rows(acc, row_max, row_sum, row_nan, out, lse, b, h, i0, Dv_pad):
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
+def attend_rows(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h, i0, i1,
             block_k, mr, nr):
     """Rows [i0, i1) of (b, h) against its packed keys ``kp`` and values ``vp``."""
     D, Dv, Dv_pad = q.shape[3], out.shape[3], vp.shape[1]
@@ -240,7 +240,7 @@ def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_
     if not fuse:  # one packing launch, then a task per query block
         _pack(k, v, key_lengths, kps, vps)
         n_tasks = B * Hkv * per_head
-    # One parallel loop, one call of _attend: Numba compiles each parallel loop on its own
+    # One parallel loop, one call of attend_rows: Numba compiles each parallel loop on its own
     # with all it calls (a cold float32 compile of this kernel took 10.3 s with a loop per
     # way, 9.1 s so).  n_tasks is set by a branch: Numba silently runs a prange over
     # ``x if c else y`` on one thread.
@@ -250,7 +250,7 @@ def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_
             bh, first, stop = task, 0, per_head
             kp = np.empty((n_panels, D, nr), dtype=compute_dtype_of(q))
             vp = np.empty((Lk, Dv_pad), dtype=compute_dtype_of(q))
-            _pack_head(k, v, key_lengths[bh // Hkv], bh // Hkv, bh % Hkv, kp, vp)
+            pack_head(k, v, key_lengths[bh // Hkv], bh // Hkv, bh % Hkv, kp, vp)
         else:  # one query block (b, h, block) of a packed head
             bh, first = task // per_head, task % per_head
             stop = first + 1
@@ -258,7 +258,7 @@ def _kernel(q, k, v, key_lengths, causal, causal_offset, scale, out, lse, block_
         b, hk = bh // Hkv, bh % Hkv
         for t in range(first, stop):
             h, i0 = hk * group + t // n_blocks, (t % n_blocks) * block_q
-            _attend(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
+            attend_rows(q, kp, vp, key_lengths, causal, causal_offset, scale, out, lse, b, h,
                     i0, min(i0 + block_q, Lq), block_k, mr, nr)
 
 def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse=None):
@@ -281,7 +281,7 @@ def run(problem, config, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, fuse
     dtype = compute_dtype(problem.dtype).type
     if out.size:
         with launch_guard():
-            _launch((bits_view(problem.q), bits_view(problem.k), bits_view(problem.v),
+            launch_kernel((bits_view(problem.q), bits_view(problem.k), bits_view(problem.v),
                      problem.key_lengths_or_full(), problem.causal_offset is not None,
                      problem.causal_offset or 0, dtype(problem.scale), bits_view(out), lse,
                      block_q, -(-block_k // nr) * nr, bool(fuse)), mr, nr)
@@ -309,7 +309,7 @@ def outputs(problem, fuse):
     return bool(fuse), out, np.empty((B, H, Lq), compute_dtype(problem.dtype))
 
 
-def _launch(args: tuple, mr: int, nr: int, kernel=None) -> None:
+def launch_kernel(args: tuple, mr: int, nr: int, kernel=None) -> None:
     """``kernel(*args, mr, nr)`` (default :func:`_kernel`), calling its compiled
     specialisation directly once it exists.
 

@@ -1,7 +1,7 @@
 """Tile-level pieces of the numba CPU kernels: mask entries, the two tile products (BLAS or
 loops), and the online-softmax update of one row.
 
-Used by the forward kernel (:mod:`kernels.numba_cpu.forward`, with or without mods); the
+Used by the forward kernel (:mod:`kernels.numba_cpu.dense.forward`, with or without mods); the
 backward kernels use the mask helpers and the loops.
 """
 
@@ -11,10 +11,10 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .._dropout import build_dropout_bits
-from .._jit.half import compute_dtype_of, half_scratch, narrow, widen_tile
-from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key
-from .products import SUM_LANES, ordered_sum
+from ..._dropout import build_dropout_bits
+from ..._jit.half import compute_dtype_of, half_scratch, narrow, widen_tile
+from ..._jit.math import FASTMATH, fast_exp, float_constants, from_max_key
+from ..products.intrinsics import SUM_LANES, ordered_sum
 
 _dropout_bits = build_dropout_bits(njit(cache=True))
 

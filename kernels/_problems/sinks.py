@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import as_numpy
+from .arrays import as_numpy, wrong_dtype, wrong_shape
 
 __all__ = ["check_sinks", "keys_only_lse", "merge_sinks", "sink_gradient"]
 
@@ -55,10 +55,10 @@ def check_sinks(sinks, H: int, dtype: np.dtype):
         return None
     arr = as_numpy("sinks", sinks, "kernels.attention")
     if arr.dtype != dtype:
-        raise TypeError(f"sinks has dtype {arr.dtype}; expected {dtype}, the dtype of q "
+        raise wrong_dtype("sinks", arr.dtype, f"{dtype}, the dtype of q "
                         f"(convert with sinks.astype(np.{np.dtype(dtype).name}))")
     if arr.shape != (H,):
-        raise ValueError(f"sinks has shape {arr.shape}; expected ({H},), one logit per "
+        raise wrong_shape("sinks", arr.shape, f"({H},), one logit per "
                          "query head")
     if not np.isfinite(arr).all():
         raise ValueError("sinks must be finite (a sink of -inf is no sink: pass sinks=None)")

@@ -4,7 +4,7 @@ variable-length batches, no padded row or key computed.
 The packed arrays (total, H, D) are copied once, sequence after sequence, each sequence's
 (H, L_b, D) contiguous (an O(total · H · D) copy).  A task is (sequence, head, block of
 query rows) in the forward and (sequence, kv head, block of keys) in the backward; it runs
-the dense kernels' own block functions (``forward._attend_block``, ``backward._key_block``)
+the dense kernels' own block functions (``forward.attend_block``, ``backward.key_block``)
 on its sequence's C-contiguous (1, H, L_b, D) blocks (the BLAS reads the tiles in place),
 with batch index 0 for the arrays and the sequence index b for the mods and the dropout
 hash (the block functions take the two apart).  So a packed call has the types of a dense
@@ -13,7 +13,7 @@ dealt to the threads by their work (visible pairs), longest first (LPT), one bin
 thread: the total work is Σ_b Lq_b · Lk_b (halved by causal masks), whatever the lengths.
 
 Where the planner chose the micro-kernel path for dense calls of the dtype, a plain packed
-call (no mods, no dropout) takes it too (:mod:`kernels.numba_cpu.varlen_micro`); calls
+call (no mods, no dropout) takes it too (:mod:`kernels.numba_cpu.varlen.micro`); calls
 with mods or dropout, and the backward, run on the tiles.  Sinks are merged after the kernel
 by the API, as for the dense call.  Half inputs reach the block functions as their bits
 (:func:`kernels._dtypes.bits_view`), as in the dense kernels: K and V tiles are widened
@@ -30,20 +30,21 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._dropout import dropout_threshold
-from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
-from .._jit.half import compute_dtype_of
-from .._jit.launch import launch_guard, single_threaded_blas
-from .._jit.twins import uncached_twin
-from .._varlen_problem import VarlenProblem
-from ..mods import cache as mods_cache
-from ..mods.dense import run_user_code
-from ..mods.lowering import user_names
-from . import config, planner, varlen_micro
-from . import mods as cpu_mods
-from .backward import _key_block
-from .forward import _attend_block, mask_arguments, mod_functions
-from .mods import mask_block_rows
+from ..._dropout import dropout_threshold
+from ..._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from ..._jit.half import compute_dtype_of
+from ..._jit.launch import launch_guard, single_threaded_blas
+from ..._jit.twins import uncached_twin
+from ..._problems.varlen import VarlenProblem
+from ...mods import cache as mods_cache
+from ...mods.dense import run_user_code
+from ...mods.lowering import user_names
+from .. import config, planner
+from ..dense import mods as cpu_mods
+from ..dense.backward import key_block
+from ..dense.forward import attend_block, mask_arguments, mod_functions
+from ..dense.mods import mask_block_rows
+from . import micro as varlen_micro
 
 
 @njit(cache=True)
@@ -65,10 +66,10 @@ def _forward(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bot
     """Each task on its sequence's contiguous (1, H, L_b, D) blocks, batch index 0 for the
     arrays and b for the mods and the dropout.
 
-    ``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.forward.mask_arguments` of a
+    ``mask, mask_strides, has_mask``: :func:`kernels.numba_cpu.dense.forward.mask_arguments` of a
     problem without a dense mask (a read-only bool placeholder, has_mask False).  With them,
     ``has_mask`` for ``want_weights`` and a batch index 0 computed at run time (a constant
-    would be typed as a literal), the call of :func:`_attend_block` has the types of a dense
+    would be typed as a literal), the call of :func:`attend_block` has the types of a dense
     call with the same mods: its compiled code is shared."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
     weights = np.empty((1, 1, 1, 1), dtype=compute_dtype_of(qf))
@@ -78,7 +79,7 @@ def _forward(qf, kf, vf, of, lf, cu_q, cu_k, lengths_k, bins, heads, causal, bot
             b, h, i0, i1, q0, q1, k0, k1, offset = _task(bins, t, n, cu_q, cu_k, bottom_right)
             if b < 0:
                 break
-            _attend_block(qf[H * D * q0:H * D * q1].reshape((1, H, q1 - q0, D)),
+            attend_block(qf[H * D * q0:H * D * q1].reshape((1, H, q1 - q0, D)),
                           kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, k1 - k0, D)),
                           vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, k1 - k0, Dv)),
                           mask, mask_strides, has_mask, lengths_k[b:b + 1], causal, offset,
@@ -93,7 +94,7 @@ def _backward(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_r
               scale, threshold, keep_scale, seed, dq_parts, dkf, dvf, block_q, blas,
               mask, mask_strides, has_mask, mask_fn, tile_fn, mask_args, score_fn, score_args,
               grad_fn):
-    """As :func:`_forward`, for :func:`kernels.numba_cpu.backward._key_block`; each bin
+    """As :func:`_forward`, for :func:`kernels.numba_cpu.dense.backward.key_block`; each bin
     (thread) adds into its own copy of dq."""
     H, Hkv, D, Dv = heads[0], heads[1], heads[2], heads[3]
     batch = np.int64(0)  # each sequence is batch 0 of its (1, H, L, D) blocks
@@ -103,7 +104,7 @@ def _backward(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_r
             if b < 0:
                 break
             Lq, Lk = q1 - q0, k1 - k0
-            _key_block(qf[H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
+            key_block(qf[H * D * q0:H * D * q1].reshape((1, H, Lq, D)),
                        kf[Hkv * D * k0:Hkv * D * k1].reshape((1, Hkv, Lk, D)),
                        vf[Hkv * Dv * k0:Hkv * Dv * k1].reshape((1, Hkv, Lk, Dv)),
                        dof[H * Dv * q0:H * Dv * q1].reshape((1, H, Lq, Dv)),
@@ -119,7 +120,7 @@ def _backward(qf, kf, vf, dof, lf, rf, cu_q, cu_k, bins, heads, causal, bottom_r
 # Without mods, or with built-ins only (kernels.mods.cache), cached on disk; with a user
 # function, compiled per process (its dispatcher's type cannot be found again).
 FORWARD = njit(parallel=True, cache=True)(_forward)
-FORWARD_USER = uncached_twin(FORWARD, _attend_block)
+FORWARD_USER = uncached_twin(FORWARD, attend_block)
 BACKWARD = njit(parallel=True, cache=True)(_backward)
 BACKWARD_USER = uncached_twin(BACKWARD)
 
@@ -251,7 +252,7 @@ def run(problem: VarlenProblem, micro: bool | None = None):
 
 
 def _run_tiles(problem: VarlenProblem, of, lf, threads: int) -> None:
-    """Fill ``of`` and ``lf`` (as :func:`kernels.numba_cpu.varlen_micro.run`) on the tiles."""
+    """Fill ``of`` and ``lf`` (as :func:`kernels.numba_cpu.varlen.micro.run`) on the tiles."""
     block_q, narrow_k = config.BLOCK_Q, config.BLOCK_K_DIAGONAL
     shape_problem = problem.mods_problem()
     mods = mod_functions(shape_problem)
@@ -277,7 +278,7 @@ def _run_tiles(problem: VarlenProblem, of, lf, threads: int) -> None:
 
 def run_backward(problem: VarlenProblem, dout, out, lse):
     """``(dq, dk, dv)`` in the packed layouts from the forward's ``out`` and (keys-only
-    marked, see :func:`kernels._sinks.keys_only_lse`) ``lse`` (H, total_q)."""
+    marked, see :func:`kernels._problems.sinks.keys_only_lse`) ``lse`` (H, total_q)."""
     H, Hkv, D, Dv = problem.heads
     dtype, bits = compute_dtype(problem.dtype).type, bits_dtype(problem.dtype)
     threads = numba.get_num_threads()

@@ -7,11 +7,11 @@ machine's registers) across a whole depth, one fused multiply-add per accumulato
 
 - :func:`tile_product`: ``C[mr, nr] (+)= A[mr, depth] · B[depth, nr]``, one vector load of
   a B row and ``mr`` broadcasts of A per step (the forward micro-kernel's both products,
-  :mod:`kernels.numba_cpu.micro`; the decode kernel's ``P · V``);
+  :mod:`kernels.numba_cpu.dense.micro`; the decode kernel's ``P · V``);
 - :func:`row_dots`: ``c[r] = A[r, :depth] · b`` for ``mr`` rows sharing one vector ``b``,
   ``nr`` lanes a step, the lanes added pairwise at the end (the decode kernel's scores,
   one key row at a time, in address order; a block of key rows at once:
-  :mod:`kernels.numba_cpu.block_products`);
+  :mod:`kernels.numba_cpu.products.blocks`);
 - :func:`ordered_sum`: ``Σ a[a0 : a0 + n]`` in vector lanes folded pairwise, then the tail
   in order (the softmax row sums of the micro-kernel, the tiles and decode).  Written out
   because a sum left to LLVM's loop vectoriser (``reassoc``) is added in the order the
@@ -36,7 +36,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._jit.half import is_half_bits, widen_vector_ir
+from ..._jit.half import is_half_bits, widen_vector_ir
 
 __all__ = ["SUM_LANES", "ordered_sum", "row_dots", "tile_product"]
 

@@ -1,4 +1,4 @@
-"""The pieces of the ``numba`` backward kernel's tiles (:mod:`kernels.numba_cpu.backward`).
+"""The pieces of the ``numba`` backward kernel's tiles (:mod:`kernels.numba_cpu.dense.backward`).
 
 A key block's working arrays, the rows of a query block, the two score GEMMs, the
 gradient of one pair, the pairs of a tile (with or without mod functions), the
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .._dropout import build_dropout_bits
-from .._jit.half import narrow, widen
-from .._jit.math import FASTMATH, fast_exp, float_constants
-from ..mods.cells import FULL
+from ..._dropout import build_dropout_bits
+from ..._jit.half import narrow, widen
+from ..._jit.math import FASTMATH, fast_exp, float_constants
+from ...mods.cells import FULL
 from .tiles import _mask_score, _scores_by_loops
 
 _dropout_bits = build_dropout_bits(njit(cache=True))

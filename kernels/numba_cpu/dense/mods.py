@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from numba import njit
 
-from .._dtypes import compute_dtype
-from .._jit.math import FASTMATH
-from .._problem import AttentionProblem
-from ..mods import cache as mods_cache
-from ..mods.cells import EMPTY, FULL, PARTIAL
-from ..mods.lowering import identity_score_grad, mod_arguments, user_names
-from . import config
+from ..._dtypes import compute_dtype
+from ..._jit.math import FASTMATH
+from ..._problems.dense import AttentionProblem
+from ...mods import cache as mods_cache
+from ...mods.cells import EMPTY, FULL, PARTIAL
+from ...mods.lowering import identity_score_grad, mod_arguments, user_names
+from .. import config
 from .tiles import _adds_to_scores, _mask_tile_count
 
 
@@ -122,7 +122,7 @@ _visible_work_cached = njit(cache=True)(_visible_work.py_func)
 
 
 def mod_functions(problem: AttentionProblem) -> tuple[tuple, tuple]:
-    """``(mods, user names)`` for :func:`kernels.numba_cpu.backward.run`.
+    """``(mods, user names)`` for :func:`kernels.numba_cpu.dense.backward.run`.
 
     ``mods`` is ``(mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)``: the
     compiled mask and score functions with their bound data (the identities for the one not

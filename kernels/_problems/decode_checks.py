@@ -11,34 +11,29 @@ import numbers
 
 import numpy as np
 
-from ._arrays import as_numpy
-from ._decode_problem import DecodeProblem
-from ._dtypes import SUPPORTED_DTYPES, compute_dtype
-from ._sinks import check_sinks
-from ._validate import _check_scale
+from .._dtypes import SUPPORTED_DTYPES, compute_dtype
+from .arrays import as_numpy, require_dtype, require_integers, wrong_shape
+from .checks import _check_scale
+from .decode import DecodeProblem
+from .sinks import check_sinks
 
 
 def _float_array(name: str, x, dtype=None) -> np.ndarray:
     x = as_numpy(name, x, "attention_with_kvcache")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; expected float32, float64, float16 or "
-                        "bfloat16 (ml_dtypes)")
-    if dtype is not None and x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q")
+    require_dtype(name, x, SUPPORTED_DTYPES, "float32, float64, float16 or bfloat16 (ml_dtypes)")
+    if dtype is not None:
+        require_dtype(name, x, (dtype,), f"{dtype}, the dtype of q")
     return x
 
 
 def _int_array(name: str, x) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected integers")
-    return arr.astype(np.int64)
+    return require_integers(name, x).astype(np.int64)
 
 
 def _check_cache(name: str, cache, dtype, lead: tuple, last: int | None, what: str):
     cache = _float_array(name, cache, dtype)
     if cache.ndim != 4 or cache.shape[:3] != lead or (last is not None and cache.shape[3] != last):
-        raise ValueError(f"{name} has shape {cache.shape}; expected {what}")
+        raise wrong_shape(name, cache.shape, f"{what}")
     if not cache.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous (the kernels read and write it in "
                          "place); got a strided view")
@@ -48,7 +43,7 @@ def _check_cache(name: str, cache, dtype, lead: tuple, last: int | None, what: s
 def _check_block_table(block_table, B: int, num_pages: int):
     table = _int_array("block_table", block_table)
     if table.ndim != 2 or table.shape[0] != B or table.shape[1] < 1:
-        raise ValueError(f"block_table has shape {table.shape}; expected (B={B}, pages_per_seq) "
+        raise wrong_shape("block_table", table.shape, f"(B={B}, pages_per_seq) "
                          "with pages_per_seq >= 1")
     return np.ascontiguousarray(table)
 
@@ -56,7 +51,7 @@ def _check_block_table(block_table, B: int, num_pages: int):
 def _check_new(name: str, x, dtype, expected: tuple):
     x = _float_array(name, x, dtype)
     if x.shape[:2] != expected[:2] or x.ndim != 4 or x.shape[3] != expected[3]:
-        raise ValueError(f"{name} has shape {x.shape}; expected (B, Hkv, Lnew, last) = "
+        raise wrong_shape(name, x.shape, f"(B, Hkv, Lnew, last) = "
                          f"{expected[:2] + ('Lnew',) + expected[3:]}")
     return x
 
@@ -77,7 +72,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
     if block_table is None:
         k_cache = _float_array("k_cache", k_cache, dtype)
         if k_cache.ndim != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D:
-            raise ValueError(f"k_cache has shape {k_cache.shape}; expected (B={B}, Hkv, Lmax, "
+            raise wrong_shape("k_cache", k_cache.shape, f"(B={B}, Hkv, Lmax, "
                              f"D={D}) (or a paged cache with block_table)")
         _, Hkv, Lmax, _ = k_cache.shape
         k_cache = _check_cache("k_cache", k_cache, dtype, (B, Hkv, Lmax), D,
@@ -89,7 +84,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
     else:
         k_cache = _float_array("k_cache", k_cache, dtype)
         if k_cache.ndim != 4 or k_cache.shape[3] != D or k_cache.shape[2] < 1:
-            raise ValueError(f"k_cache has shape {k_cache.shape}; expected (num_pages, Hkv, "
+            raise wrong_shape("k_cache", k_cache.shape, f"(num_pages, Hkv, "
                              f"page_size, D={D}) for a paged cache")
         num_pages, Hkv, page_size, _ = k_cache.shape
         k_cache = _check_cache("k_cache", k_cache, dtype, (num_pages, Hkv, page_size), D,
@@ -119,7 +114,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
     if lengths.ndim == 0:
         lengths = np.full(B, int(lengths), np.int64)
     if lengths.shape != (B,):
-        raise ValueError(f"cache_seqlens has shape {lengths.shape}; expected (B={B},) or a scalar")
+        raise wrong_shape("cache_seqlens", lengths.shape, f"(B={B},) or a scalar")
     if lengths.size and lengths.min() < 0:
         raise ValueError(f"cache_seqlens must be >= 0; got {lengths.min()}")
     seqlens = lengths + Lnew
@@ -163,7 +158,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
 def _check_mods(score_mod, mask_mod, B, H, capacity, dtype):
     if score_mod is None and mask_mod is None:
         return None, None
-    from . import mods
+    from .. import mods
 
     score = None if score_mod is None else mods.as_score_mod(score_mod)
     mask = None if mask_mod is None else mods.as_mask_mod(mask_mod)

@@ -34,7 +34,7 @@ Bool masks are read as they are (one byte per entry, no additive copy): see
 
 This module holds the kernel and its launch (:func:`run_tiles`); the numeric primitives
 are in ``kernels._jit.math``, the tile pieces (masks, products, the row update) in
-``kernels.numba_cpu.tiles``, the launch guards in ``kernels._jit.launch``, the block
+``kernels.numba_cpu.dense.tiles``, the launch guards in ``kernels._jit.launch``, the block
 sizes in ``kernels.numba_cpu.config``.  Which path a call takes (this kernel or the
 micro-kernel path) is decided in ``kernels.numba_cpu.choose``.
 """
@@ -47,17 +47,17 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._dropout import dropout_threshold
-from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
-from .._jit.half import half_scratch, widen_tile
-from .._jit.launch import BLAS_SINGLE_THREADED_WORK, launch_guard, single_threaded_blas
-from .._jit.math import FASTMATH, float_constants, max_key
-from .._jit.twins import uncached_twin
-from .._problem import AttentionProblem
-from ..mods import cache as mods_cache
-from ..mods.dense import run_user_code
-from ..mods.lowering import mod_arguments, user_names
-from . import config
+from ..._dropout import dropout_threshold
+from ..._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from ..._jit.half import half_scratch, widen_tile
+from ..._jit.launch import BLAS_SINGLE_THREADED_WORK, launch_guard, single_threaded_blas
+from ..._jit.math import FASTMATH, float_constants, max_key
+from ..._jit.twins import uncached_twin
+from ..._problems.dense import AttentionProblem
+from ...mods import cache as mods_cache
+from ...mods.dense import run_user_code
+from ...mods.lowering import mod_arguments, user_names
+from .. import config
 from .mods import cell_run, mask_block_rows
 from .tiles import (
     _adds_to_scores,
@@ -79,7 +79,7 @@ from .tiles import (
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
-def _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
+def attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                   scale, threshold, keep_scale, seed, out, weights, want_weights,
                   b, seq, h, i0, i1, block_k, narrow_k, blas, lse,
                   mask_fn, tile_fn, mask_args, score_fn, score_args):
@@ -245,7 +245,7 @@ def _attention_parallel(q, k, v, mask, mask_strides, has_mask, key_lengths, caus
     for task in prange(B * H * n_blocks):  # (batch, head, query block)
         bh, block = _task_block(task, n_blocks)
         i0, b = block * block_q, bh // H
-        _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
+        attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal, causal_offset,
                       scale, threshold, keep_scale, seed, out, weights, want_weights,
                       b, b, bh % H, i0, min(i0 + block_q, Lq), block_k, narrow_k, blas, lse,
                       mask_fn, tile_fn, mask_args, score_fn, score_args)
@@ -260,7 +260,7 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
     for b in range(B):
         for h in range(H):
             for i0 in range(0, Lq, block_q):
-                _attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
+                attend_block(q, k, v, mask, mask_strides, has_mask, key_lengths, causal,
                               causal_offset, scale, threshold, keep_scale, seed, out,
                               weights, want_weights, b, b, h, i0, min(i0 + block_q, Lq),
                               block_k, narrow_k, blas, lse, mask_fn, tile_fn, mask_args,
@@ -268,8 +268,8 @@ def _attention_serial(q, k, v, mask, mask_strides, has_mask, key_lengths, causal
 
 
 # For calls with a user's function: the same kernels, not cached on disk (kernels._jit.twins).
-_attention_parallel_user = uncached_twin(_attention_parallel, _attend_block)
-_attention_serial_user = uncached_twin(_attention_serial, _attend_block)
+_attention_parallel_user = uncached_twin(_attention_parallel, attend_block)
+_attention_serial_user = uncached_twin(_attention_serial, attend_block)
 
 
 def block_rows(problem: AttentionProblem, threads: int) -> int:

@@ -1,6 +1,6 @@
 """AttentionProblem: one validated attention call, in the layout every backend expects.
 
-Built only by :mod:`kernels._validate` (through :func:`kernels.prepare`): contiguous 4-D
+Built only by :mod:`kernels._problems.checks` (through :func:`kernels.prepare`): contiguous 4-D
 arrays of one floating dtype, the mask kept as given (bool, or additive float whose
 ``-inf`` entries hide; :meth:`AttentionProblem.additive_mask` and
 :meth:`AttentionProblem.visibility_mask` give the two forms), key lengths as ``int64`` and
@@ -47,7 +47,7 @@ class AttentionProblem:
     return_weights: bool
     score_mod: object = None  # kernels.mods.ScoreMod applied to the scaled scores, or None
     mask_mod: object = None  # kernels.mods.MaskMod (True = attend), or None
-    sinks: np.ndarray | None = None  # (H,) sink logits in q.dtype (kernels._sinks), or None
+    sinks: np.ndarray | None = None  # (H,) sink logits in q.dtype (_problems.sinks), or None
 
     @property
     def work(self) -> int:

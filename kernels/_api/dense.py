@@ -1,8 +1,8 @@
 """The API of :mod:`kernels`: :func:`attention`, :func:`attention_backward`, :func:`prepare`
 and the numba backend's planning (:func:`plan`, :func:`plan_needed`, :func:`attention_plan`).
 
-Each function validates (:mod:`kernels._validate`), then hands the problem to a backend
-through the one dispatch table (:mod:`kernels._dispatch`).
+Each function validates (:mod:`kernels._problems.checks`), then hands the problem to a backend
+through the one dispatch table (:mod:`kernels._api.dispatch`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._dispatch import entry_module, resolve
-from ._dtypes import compute_dtype
-from ._problem import AttentionProblem, multiply_adds
-from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
-from ._validate import check_attention_args, check_backend, check_backward_args, check_mods
+from .._dtypes import compute_dtype
+from .._problems.checks import (
+    check_attention_args,
+    check_backend,
+    check_backward_args,
+    check_mods,
+)
+from .._problems.dense import AttentionProblem, multiply_adds
+from .._problems.sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
+from .dispatch import entry_module, resolve
 
 __all__ = ["attention", "attention_backward", "attention_plan", "compiled_forms", "plan",
            "plan_needed", "prepare"]
@@ -201,7 +206,7 @@ def plan(dtypes=("float32", "float64")) -> dict:
     dict
         As :func:`attention_plan`.
     """
-    from .numba_cpu import planner  # imports Numba: only when asked
+    from ..numba_cpu import planner  # imports Numba: only when asked
 
     return planner.plan_all(tuple(np.dtype(d) for d in dtypes))
 
@@ -224,7 +229,7 @@ def plan_needed(shape, dtype) -> bool:
     -------
     bool
     """
-    from .numba_cpu import planner  # imports Numba: only when asked
+    from ..numba_cpu import planner  # imports Numba: only when asked
 
     return (planner.stored_choice(dtype) is None
             and multiply_adds(*shape) >= planner.PLAN_WORK_LIMIT)
@@ -240,7 +245,7 @@ def attention_plan() -> dict:
         (e.g. ``"8x16"``), ``"blas"``, or ``"not planned"`` (the BLAS path, until
         :func:`plan` or a large call plans).
     """
-    from .numba_cpu import planner  # imports Numba: only when asked
+    from ..numba_cpu import planner  # imports Numba: only when asked
 
     return planner.record()
 
@@ -257,7 +262,7 @@ def compiled_forms() -> dict:
         ``"vdpbf16ps"`` (AVX512-BF16) or ``"emulated"`` (two fused multiply-adds per
         pair of bfloat16).
     """
-    from .numba_cpu import planner  # imports Numba: only when asked
+    from ..numba_cpu import planner  # imports Numba: only when asked
 
     return planner.forms()
 

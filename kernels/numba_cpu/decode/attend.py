@@ -7,9 +7,9 @@ rows: each K/V row is read once, from memory, and used R times from L1).  Where 
 keys on one page are a short run (pages of 16 tokens: 8 KiB of float32 at D = 128) and
 there are tasks enough, a task takes every key/value head of its split instead, chunk by
 chunk and head by head, so that the heads' runs of a page, adjacent in memory, are read
-together (:func:`kernels.numba_cpu.decode_plan.heads_per_task`; the arithmetic of each
+together (:func:`kernels.numba_cpu.decode.plan.heads_per_task`; the arithmetic of each
 head is the same either way).  How a step is divided into tasks:
-:mod:`kernels.numba_cpu.decode_plan`.  Per chunk of ``CHUNK`` keys, the online softmax:
+:mod:`kernels.numba_cpu.decode.plan`.  Per chunk of ``CHUNK`` keys, the online softmax:
 scores (a dot over D per row and key), the chunk's
 row maximum, ``exp`` (the vectorisable polynomial of ``kernels._jit.math``), the rescaled
 accumulator ``acc += p · v``.  In the plain loops here both passes take one key (value)
@@ -19,9 +19,9 @@ reads one row at a time as fast as a plain streaming read, and about a third as 
 taking four rows per pass; software prefetch does not help these loops).
 The loops index the cache arrays directly (no row views in the hot loops).  Float32 and
 half caches with D and Dv multiples of 16 take the register-blocked products of
-:mod:`kernels.numba_cpu.decode_products` on fully visible chunks instead, which also
+:mod:`kernels.numba_cpu.decode.chunks` on fully visible chunks instead, which also
 prefetch the rows taken next (faster: docs/guide/decode.md), as bfloat16 pairs for a
-bfloat16 cache (:mod:`kernels.numba_cpu.pair_products`: half the arithmetic); float64
+bfloat16 cache (:mod:`kernels.numba_cpu.products.pairs`: half the arithmetic); float64
 caches, other sizes and the chunks with per-pair tests keep the loops here.
 
 Half precision: float16 and bfloat16 caches arrive as their bits
@@ -47,18 +47,21 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._decode_problem import DecodeProblem
-from .._dtypes import bits_view, compute_dtype
-from .._jit.half import compute_dtype_of, computes_in_float32, narrow, widen
-from .._jit.launch import launch_guard
-from .._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
-from .._jit.twins import uncached_twin
-from ..mods import cache as mods_cache
-from ..mods.cells import EMPTY
-from ..mods.dense import run_user_code
-from ..mods.lowering import user_names
-from . import decode_plan
-from .decode_products import (
+from ..._dtypes import bits_view, compute_dtype
+from ..._jit.half import compute_dtype_of, computes_in_float32, narrow, widen
+from ..._jit.launch import launch_guard
+from ..._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
+from ..._jit.twins import uncached_twin
+from ..._problems.decode import DecodeProblem
+from ...mods import cache as mods_cache
+from ...mods.cells import EMPTY
+from ...mods.dense import run_user_code
+from ...mods.lowering import user_names
+from ..dense.forward import mod_functions
+from ..products.intrinsics import SUM_LANES, ordered_sum
+from ..products.pairs import PAIR_BLOCK
+from . import plan as decode_plan
+from .chunks import (
     NR,
     chunk_scores,
     chunk_values,
@@ -66,9 +69,6 @@ from .decode_products import (
     pair_operands,
     round_weights,
 )
-from .forward import mod_functions
-from .pair_products import PAIR_BLOCK
-from .products import SUM_LANES, ordered_sum
 
 #: Keys per chunk of the online softmax (the score buffer is R x CHUNK).
 CHUNK = 64
@@ -166,7 +166,7 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
     # The register-blocked products for float32 and half caches (half bits widened in
     # registers); float64 caches keep the plain loops (docs/guide/decode.md, A/B).
     products = computes_in_float32(k_cache) and D % NR == 0 and Dv % NR == 0
-    # ... as bfloat16 pairs for a bfloat16 cache (kernels.numba_cpu.pair_products).
+    # ... as bfloat16 pairs for a bfloat16 cache (kernels.numba_cpu.products.pairs).
     pairs = products and pair_operands(k_cache) and D % PAIR_BLOCK == 0
     groups = Hkv // T
     b = task // (groups * n_splits)

@@ -1,7 +1,7 @@
 """Products of bfloat16 pairs: the decode kernel's two products for bfloat16 caches.
 
 A bfloat16 step reads half the bytes of a float32 one, but with its loads widened to
-float32 (:mod:`kernels.numba_cpu.products`) it does the same arithmetic, one fused
+float32 (:mod:`kernels.numba_cpu.products.intrinsics`) it does the same arithmetic, one fused
 multiply-add per product: at GQA 32/8 on two cores that arithmetic, not the memory, sets
 its time (docs/guide/decode.md).  Here both products take their operands as
 **pairs** of bfloat16 (two in each 32-bit lane) and add two products per lane and step:
@@ -10,7 +10,7 @@ its time (docs/guide/decode.md).  Here both products take their operands as
   ``b`` (a key row) both bfloat16 bits; lane ``l`` of step ``t`` takes elements
   ``32t + 2l`` and ``32t + 2l + 1``; the 16 lanes are added pairwise at the end;
 - :func:`pair_block_dots`: the same for a block of rows and key rows at once (as
-  :func:`kernels.numba_cpu.block_products.block_dots`: each vector loaded once per step for the
+  :func:`kernels.numba_cpu.products.blocks.block_dots`: each vector loaded once per step for the
   block, the sums folded together), the same sums bit for bit;
 - :func:`pair_rows_product`: ``C[r, cols] += Σ_t w[r, t] · B[rows[t], cols]`` over a
   chunk of keys, ``w`` the softmax weights rounded to bfloat16 (as FlashAttention feeds P
@@ -43,11 +43,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._jit import isa
-from .._jit.half import is_bfloat16_bits
-from .._jit.prefetch import CACHE_LINE, prefetch_line
-from .block_products import _block_literals, block_dots_ir, indices_ok, key_pointers
-from .products import _accumulators, _int64_args, _lanes_added, _literal, _pointer
+from ..._jit import isa
+from ..._jit.half import is_bfloat16_bits
+from ..._jit.prefetch import CACHE_LINE, prefetch_line
+from .blocks import _block_literals, block_dots_ir, indices_ok, key_pointers
+from .intrinsics import _accumulators, _int64_args, _lanes_added, _literal, _pointer
 
 __all__ = ["LANES", "NATIVE", "NATIVE_INSTRUCTION", "PAIR_BLOCK", "pair_block_dots",
            "pair_row_dots", "pair_rows_product"]

@@ -1,6 +1,6 @@
 """Argument checking and normalisation for :func:`kernels.attention`.
 
-Every backend receives an :class:`AttentionProblem` (defined in :mod:`kernels._problem`,
+Every backend receives an :class:`AttentionProblem` (defined in :mod:`kernels._problems.dense`,
 importable from here): contiguous 4-D arrays of one floating dtype, a mask kept as given
 (bool, or additive float whose ``-inf`` entries mean "not visible"; the problem converts
 between the two on request), key lengths as ``int64`` and the causal alignment as a single
@@ -19,9 +19,16 @@ import numbers
 
 import numpy as np
 
-from ._arrays import as_numpy
-from ._dtypes import SUPPORTED_DTYPES, compute_dtype, is_half
-from ._problem import AttentionProblem
+from .._dtypes import SUPPORTED_DTYPES, compute_dtype, is_half
+from .arrays import (
+    as_numpy,
+    require_dtype,
+    require_integers,
+    require_shape,
+    wrong_dtype,
+    wrong_shape,
+)
+from .dense import AttentionProblem
 
 BACKEND_NAMES = ("auto", "reference", "numba", "cuda")
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
@@ -31,17 +38,13 @@ def _describe(x) -> str:
     return f"shape {tuple(x.shape)} and dtype {x.dtype}"
 
 
-def _as_float_array(name: str, x) -> np.ndarray:
+def as_float_array(name: str, x) -> np.ndarray:
     x = as_numpy(name, x, "kernels.attention",
                  " (use kernels.cuda_backend.attention_device for device arrays)")
-    if x.dtype not in SUPPORTED_DTYPES:
-        bf16 = ("bfloat16 (ml_dtypes)" if len(SUPPORTED_DTYPES) == 4
-                else "bfloat16 (unavailable here: install ml_dtypes)")
-        raise TypeError(
-            f"{name} has dtype {x.dtype}; expected float32, float64, float16 or {bf16} "
-            "(convert with x.astype(np.float32))"
-        )
-    return x
+    bf16 = ("bfloat16 (ml_dtypes)" if len(SUPPORTED_DTYPES) == 4
+            else "bfloat16 (unavailable here: install ml_dtypes)")
+    return require_dtype(name, x, SUPPORTED_DTYPES, f"float32, float64, float16 or {bf16} "
+                         "(convert with x.astype(np.float32))")
 
 
 def check_backend(backend) -> str:
@@ -53,9 +56,9 @@ def check_backend(backend) -> str:
 
 def check_qkv(q, k, v):
     """Check q, k and v (types, dtypes, shapes that fit together); return them as arrays."""
-    q = _as_float_array("q", q)
-    k = _as_float_array("k", k)
-    v = _as_float_array("v", v)
+    q = as_float_array("q", q)
+    k = as_float_array("k", k)
+    v = as_float_array("v", v)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
             f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}"
@@ -120,8 +123,7 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     mask = np.asarray(mask)
     if (mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating)
             and not is_half(mask.dtype)):
-        raise TypeError(
-            f"mask has dtype {mask.dtype}; expected bool (True = attend) or a float dtype "
+        raise wrong_dtype("mask", mask.dtype, "bool (True = attend) or a float dtype "
             "(added to the scores)"
         )
     try:
@@ -152,17 +154,14 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
 def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray | None:
     if key_lengths is None:
         return None
-    arr = np.asarray(key_lengths)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"key_lengths has dtype {arr.dtype}; expected integers")
+    arr = require_integers("key_lengths", key_lengths)
     B = math.prod(batch_shape)
     if arr.ndim == 0:
         arr = np.full(B, int(arr), dtype=np.int64)
     elif arr.shape == tuple(batch_shape) or (arr.shape == (B,) and len(batch_shape) <= 1):
         arr = arr.reshape(B).astype(np.int64)
     else:
-        raise ValueError(
-            f"key_lengths has shape {arr.shape}; expected a scalar or the batch shape "
+        raise wrong_shape("key_lengths", arr.shape, f"a scalar or the batch shape "
             f"{tuple(batch_shape)} of q"
         )
     if arr.size and (arr.min() < 0 or arr.max() > Lk):
@@ -284,7 +283,7 @@ def check_mods(problem: AttentionProblem, score_mod=None, mask_mod=None) -> Atte
     """
     if score_mod is None and mask_mod is None:
         return problem
-    from . import mods
+    from .. import mods
 
     B, H, _, Lq, Lk, _, _ = problem.shape
     score = None if score_mod is None else mods.as_score_mod(score_mod)
@@ -304,16 +303,9 @@ def _check_grad_like(name: str, x, expected_shape: tuple, dtype: np.dtype, what:
     """``x`` as an array of ``expected_shape`` and ``dtype``, or a TypeError/ValueError
     naming ``name``."""
     x = as_numpy(name, x, "attention_backward")
-    if x.dtype != dtype:
-        raise TypeError(
-            f"{name} has dtype {x.dtype}; expected {dtype}, the dtype of q, k and v "
-            f"(convert with {name}.astype(np.{dtype.name}))"
-        )
-    if tuple(x.shape) != tuple(expected_shape):
-        raise ValueError(
-            f"{name} has shape {tuple(x.shape)}; expected {tuple(expected_shape)} {what}"
-        )
-    return x
+    require_dtype(name, x, (dtype,), f"{dtype}, the dtype of q, k and v "
+                  f"(convert with {name}.astype(np.{dtype.name}))")
+    return require_shape(name, x, expected_shape, f" {what}")
 
 
 def check_backward_args(problem: AttentionProblem, q_shape: tuple, dout, out=None, lse=None):

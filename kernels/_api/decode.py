@@ -1,9 +1,9 @@
 """The decode API of :mod:`kernels`: :func:`attention_with_kvcache`, one decode step against
 a KV cache (contiguous or paged), appending the new keys and values in place.
 
-Validates everything (:mod:`kernels._decode_validate`), picks the backend, writes the new
+Validates everything (:mod:`kernels._problems.decode_checks`), picks the backend, writes the new
 tokens into the cache, then hands the :class:`DecodeProblem` to the backend's decode module
-through the one dispatch table (:mod:`kernels._dispatch`).
+through the one dispatch table (:mod:`kernels._api.dispatch`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._decode_validate import append_to_cache, check_decode_args
-from ._dispatch import entry_module, resolve
-from ._sinks import merge_sinks
-from ._validate import check_backend
+from .._problems.checks import check_backend
+from .._problems.decode_checks import append_to_cache, check_decode_args
+from .._problems.sinks import merge_sinks
+from .dispatch import entry_module, resolve
 
 __all__ = ["attention_with_kvcache"]
 

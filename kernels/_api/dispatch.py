@@ -4,12 +4,12 @@ Each backend is a subpackage with a module per *entry* (:data:`BACKENDS`), each 
 validated problem:
 
 - ``forward``: ``run(problem, return_lse=False) -> (out, weights or None[, lse])`` of a
-  :class:`kernels._problem.AttentionProblem`;
+  :class:`kernels._problems.dense.AttentionProblem`;
 - ``backward``: ``run(problem, dout, out, lse) -> (dq, dk, dv)``;
-- ``decode``: ``run(problem) -> (out, lse)`` of a :class:`kernels._decode_problem.DecodeProblem`;
+- ``decode``: ``run(problem) -> (out, lse)`` of a :class:`kernels._problems.decode.DecodeProblem`;
 - ``varlen``: ``run(problem) -> (out, lse)`` and ``run_backward(problem, dout, out, lse)``
-  of a :class:`kernels._varlen_problem.VarlenProblem`; a backend without one (None) runs
-  each sequence as a dense call (:mod:`kernels._varlen_api`).
+  of a :class:`kernels._problems.varlen.VarlenProblem`; a backend without one (None) runs
+  each sequence as a dense call (:mod:`kernels._api.varlen`).
 
 Every entry point checks its arguments, then :func:`resolve` turns ``backend`` into the
 backend that runs (one ``auto`` policy for all: :func:`wants_gpu`), then runs
@@ -24,17 +24,18 @@ import functools
 import importlib
 import os
 
-from ._decode_problem import DecodeProblem
-from ._varlen_problem import VarlenProblem
+from .._problems.decode import DecodeProblem
+from .._problems.varlen import VarlenProblem
 
-#: backend name -> entry -> its module, relative to this package (None: no such module).
+#: backend name -> entry -> its module, relative to the kernels package (None: no such
+#: module).
 BACKENDS = {
-    "reference": {"forward": ".reference.forward", "backward": ".reference.backward",
-                  "decode": ".reference.decode", "varlen": None},
-    "numba": {"forward": ".numba_cpu.choose", "backward": ".numba_cpu.backward",
-              "decode": ".numba_cpu.decode", "varlen": ".numba_cpu.varlen"},
-    "cuda": {"forward": ".cuda.launch", "backward": ".cuda.backward",
-             "decode": ".cuda.decode", "varlen": None},
+    "reference": {"forward": "reference.forward", "backward": "reference.backward",
+                  "decode": "reference.decode", "varlen": None},
+    "numba": {"forward": "numba_cpu.choose", "backward": "numba_cpu.dense.backward",
+              "decode": "numba_cpu.decode.attend", "varlen": "numba_cpu.varlen.blocks"},
+    "cuda": {"forward": "cuda.launch", "backward": "cuda.backward",
+             "decode": "cuda.decode", "varlen": None},
 }
 
 #: ``auto`` sends problems with at least this many multiply-adds to a real GPU.
@@ -131,7 +132,7 @@ def wants_gpu(problem) -> bool:
 
 def resolve(backend: str, problem, entry: str = "forward") -> str:
     """The backend that runs ``problem`` through ``entry`` for ``backend`` (a name
-    :func:`kernels._validate.check_backend` accepted): ``auto`` is cuda where
+    :func:`kernels._problems.checks.check_backend` accepted): ``auto`` is cuda where
     :func:`wants_gpu` and a real GPU agree, else numba; ``cuda`` must be usable here and
     (where its entry module checks) support the problem, before any work is done."""
     if backend == "auto":
@@ -147,4 +148,4 @@ def resolve(backend: str, problem, entry: str = "forward") -> str:
 def entry_module(name: str, entry: str):
     """The module of backend ``name`` for ``entry`` (:data:`BACKENDS`), or None."""
     path = BACKENDS[name][entry]
-    return None if path is None else importlib.import_module(path, __package__)
+    return None if path is None else importlib.import_module(".." + path, __package__)

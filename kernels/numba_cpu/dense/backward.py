@@ -27,8 +27,8 @@ where it is hidden reaches no gradient, and the BLAS path stays the same (and so
 bit of the result) whatever the hidden entries hold.
 
 A call with :mod:`kernels.mods` functions runs the same kernel with the functions passed in
-(the tile pieces are in :mod:`kernels.numba_cpu.backward_tiles`, the mod arguments come from
-:mod:`kernels.numba_cpu.mods`); without them those arguments are None and Numba
+(the tile pieces are in :mod:`kernels.numba_cpu.dense.backward_tiles`, the mod arguments come from
+:mod:`kernels.numba_cpu.dense.mods`); without them those arguments are None and Numba
 compiles only the branches for None, so the plain kernel has no check of a mod function.
 The kernel is cached on disk without mods and with built-ins (given as structure-keyed
 :class:`kernels.mods.cache.CachedFn`, found again by the next process); with a user
@@ -43,15 +43,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._dropout import dropout_threshold
-from .._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
-from .._jit.half import half_scratch, widen_tile
-from .._jit.launch import launch_guard, single_threaded_blas
-from .._jit.math import FASTMATH, float_constants
-from .._problem import AttentionProblem
-from ..mods.cells import EMPTY, FULL
-from ..mods.dense import run_user_code
-from . import config
+from ..._dropout import dropout_threshold
+from ..._dtypes import bits_dtype, bits_view, compute_dtype, rounded_to
+from ..._jit.half import half_scratch, widen_tile
+from ..._jit.launch import launch_guard, single_threaded_blas
+from ..._jit.math import FASTMATH, float_constants
+from ..._problems.dense import AttentionProblem
+from ...mods.cells import EMPTY, FULL
+from ...mods.dense import run_user_code
+from .. import config
 from . import mods as cpu_mods
 from .backward_tiles import (
     add_tile_gradients,
@@ -69,7 +69,7 @@ from .tiles import _mask_tile_count
 
 
 @njit(fastmath=FASTMATH, error_model="numpy")
-def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
+def key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
                b, seq, hk, j0, j1, block_q, blas,
                mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn):
@@ -77,7 +77,7 @@ def _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal
     mods and the dropout see batch ``seq`` (``b``, or a packed sequence's own index).
 
     ``mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn``: all None, or the call's
-    mod functions (:func:`kernels.numba_cpu.mods.mod_functions`); with them a tile is
+    mod functions (:func:`kernels.numba_cpu.dense.mods.mod_functions`); with them a tile is
     classified by every mask (an EMPTY one is not read, a FULL one needs no check per pair)
     and its pairs go through the functions.  Numba prunes the branches of ``mask_fn is
     None`` when ``mask_fn`` is None, so the kernel without mods has none of their code.
@@ -137,7 +137,7 @@ def _key_blocks(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, key_l
     n_blocks = (max(key_end, 0) + block_k - 1) // block_k
     for kb in range(first, n_blocks, step):
         j0 = kb * block_k
-        _key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
+        key_block(q, k, v, dout, lse, row_dot, mask, mask_strides, has_mask, causal,
                    causal_offset, scale, threshold, keep_scale, seed, dq, dk, dv,
                    b, b, hk, j0, min(j0 + block_k, key_end), block_q, blas,
                    mask_fn, tile_fn, mask_args, score_fn, score_args, grad_fn)

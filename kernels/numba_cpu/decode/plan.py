@@ -1,4 +1,4 @@
-"""How the numba decode kernel (:mod:`kernels.numba_cpu.decode`) divides a step into
+"""How the numba decode kernel (:mod:`kernels.numba_cpu.decode.attend`) divides a step into
 parallel tasks: how many key splits per sequence for ``num_splits=0``, and whether a task
 takes one key/value head or every head of its split.  Plain Python, no compiled code."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numba
 
-from .._decode_problem import DecodeProblem
+from ..._problems.decode import DecodeProblem
 
 #: num_splits=0 splits until there are this many tasks per thread ...
 TASKS_PER_THREAD = 4
@@ -15,7 +15,8 @@ MIN_KEYS_PER_SPLIT = 512
 #: A paged cache whose runs (one head's keys on one page) are this long or shorter is read
 #: a page at a time for every key/value head together (the heads' runs of a page are
 #: adjacent): runs of 8 KiB read in shuffled order, one head at a time, cost the memory
-#: system alone ~1.4-1.9x the contiguous read (``scripts/decode_page_order.py``).
+#: system alone clearly more than the contiguous read (docs/guide/decode.md, "What it
+#: costs").
 HEADS_TOGETHER_RUN_BYTES = 16384
 
 

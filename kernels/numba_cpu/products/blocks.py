@@ -1,6 +1,6 @@
 """Dot products of a block of rows with a block of key rows: the decode kernel's scores.
 
-:func:`kernels.numba_cpu.products.row_dots` takes one key row at a time for ``mr`` query
+:func:`kernels.numba_cpu.products.intrinsics.row_dots` takes one key row at a time for ``mr`` query
 rows and ends each (row, key) dot with its own pairwise fold of ``nr`` lanes.
 :func:`block_dots` takes ``nk`` key rows at once (``mr·nk`` a power of two ``<= nr``: four
 keys for four rows at sixteen lanes), so each query vector and key vector is loaded once
@@ -9,7 +9,7 @@ per step for the whole block, and folds the ``mr·nk`` accumulators together
 bit for bit, in far fewer shuffles and adds, and one vector store of ``nk`` scores per
 row.  Key rows are given by index (``rows[j0 + k]``: the rows of a paged cache in the order
 the block table lists them).  The bfloat16 pair version,
-:func:`kernels.numba_cpu.pair_products.pair_block_dots`, shares the fold and the
+:func:`kernels.numba_cpu.products.pairs.pair_block_dots`, shares the fold and the
 addressing.  No bounds checks: the caller guarantees every index is inside its array.
 """
 
@@ -22,7 +22,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .products import (
+from .intrinsics import (
     _accumulators,
     _fmuladd,
     _int64_args,

@@ -2,7 +2,7 @@
 
 Sequence b is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of the packed q
 (total_q, H, D) against key rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of k and v
-(total_k, Hkv, D / Dv).  Built only by :mod:`kernels._varlen_api`, which checks it.
+(total_k, Hkv, D / Dv).  Built only by :mod:`kernels._api.varlen`, which checks it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._problem import AttentionProblem
+from .dense import AttentionProblem
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ the new queries) against one chunk of keys.  As plain Numba loops, a score is a 
 reduction over D ending in a horizontal sum per (row, key), and the value update
 ``acc[r] += p · v`` loads and stores the whole accumulator row for every key: with four
 rows or more (GQA) the step was bound by that arithmetic, not by the cache's bytes.  Here
-(:mod:`kernels.numba_cpu.products`, :mod:`kernels.numba_cpu.block_products`):
+(:mod:`kernels.numba_cpu.products.intrinsics`, :mod:`kernels.numba_cpu.products.blocks`):
 
-- scores: :func:`~kernels.numba_cpu.block_products.block_dots`, ``KB`` key rows at a time
+- scores: :func:`~kernels.numba_cpu.products.blocks.block_dots`, ``KB`` key rows at a time
   (address order) for ``MR`` rows, each vector of a query row or key row loaded once per
   block and the block's 16 sums folded together (a chunk's last ``nk % KB`` keys one key
   row at a time; the same sums bit for bit either way);
-- values (weights in the compute dtype): :func:`~kernels.numba_cpu.products.tile_product`
+- values (weights in the compute dtype): :func:`~kernels.numba_cpu.products.intrinsics.tile_product`
   adds ``P[rows, keys] ·
   V[keys, cols]`` to ``MR`` x ``NV`` accumulators (16 vector registers of float32) held
   across a run of keys (the chunk's keys on one page), then the remaining columns in
@@ -31,11 +31,11 @@ Rows are given as row indices into the flat cache (``(page · Hkv + hk) · page_
 slot``): key row i starts at element ``i · D``, value row i at ``i · Dv``.  Half caches
 (their bits) are widened in registers as each vector is loaded: never copied.  A bfloat16
 cache (with D a multiple of 32) takes both products as bfloat16 pairs instead
-(:mod:`kernels.numba_cpu.pair_products`: two products per lane and step, half the
+(:mod:`kernels.numba_cpu.products.pairs`: two products per lane and step, half the
 arithmetic): the queries as their bfloat16 bits, the softmax weights rounded to bfloat16
 for the values' product (as FlashAttention does; the row sums keep the float32 weights).
 Its values' product is one call per block of rows and columns for the whole chunk
-(:func:`~kernels.numba_cpu.pair_products.pair_rows_product`), its value rows given by
+(:func:`~kernels.numba_cpu.products.pairs.pair_rows_product`), its value rows given by
 index whatever the pages, its prefetches of the next value rows sent a pair of keys at a
 time inside it: faster than runs cut every 2 KiB (docs/guide/decode.md).  The same for
 float32 (an intrinsic taking value rows by index, the prefetch inside it) is no faster
@@ -43,7 +43,7 @@ from memory, and slower for one query row per key/value head: float32 keeps its 
 The operands' dtype chooses the product (:func:`pair_operands`).  Used for
 float32 and half caches where D and Dv are multiples of ``NR`` (64, 128, 256: every
 model's head size); other sizes and float64 caches keep the plain loops of
-:mod:`kernels.numba_cpu.decode`.  Measured against those loops: docs/guide/decode.md.
+:mod:`kernels.numba_cpu.decode.attend`.  Measured against those loops: docs/guide/decode.md.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .._jit.half import compute_dtype_of, is_bfloat16_bits
-from .._jit.math import FASTMATH
-from .._jit.prefetch import prefetch_rows
-from .block_products import block_dots
-from .pair_products import NATIVE, pair_block_dots, pair_rows_product
-from .products import tile_product
+from ..._jit.half import compute_dtype_of, is_bfloat16_bits
+from ..._jit.math import FASTMATH
+from ..._jit.prefetch import prefetch_rows
+from ..products.blocks import block_dots
+from ..products.intrinsics import tile_product
+from ..products.pairs import NATIVE, pair_block_dots, pair_rows_product
 
 #: Vector lanes of both products (16 float32: one zmm or two ymm).
 NR = 16

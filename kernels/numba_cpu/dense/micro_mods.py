@@ -1,13 +1,13 @@
 """The micro-kernel path with a ``mask_mod`` and/or a ``score_mod`` (:mod:`kernels.mods`).
 
-The same packed K/V panels and the same two products as :mod:`kernels.numba_cpu.micro`
-(``S = Q_blk · K_tileᵀ`` and ``acc += P · V`` by :func:`~kernels.numba_cpu.micro.tile_product`
+The same packed K/V panels and the same two products as :mod:`kernels.numba_cpu.dense.micro`
+(``S = Q_blk · K_tileᵀ`` and ``acc += P · V`` by :func:`~kernels.numba_cpu.dense.micro.tile_product`
 register blocks), with every semantic of the tile kernel's mods
-(:func:`kernels.numba_cpu.forward.run_tiles`):
+(:func:`kernels.numba_cpu.dense.forward.run_tiles`):
 
 - with a mask function the keys of a query block go in cells of ``cell_k`` keys
   (``config.CELL_K``, rounded up to a multiple of ``nr`` so that a cell starts on a
-  panel), classified by :func:`kernels.numba_cpu.mods.classify` (the mask's tile
+  panel), classified by :func:`kernels.numba_cpu.dense.mods.classify` (the mask's tile
   function and the causal diagonal): an EMPTY cell is skipped (neither product reads
   its keys or values), the tiles are runs of non-empty cells of at most ``block_k``
   keys, a FULL run evaluates no mask element, a PARTIAL one sets each hidden score to
@@ -30,23 +30,23 @@ from __future__ import annotations
 import numpy as np
 from numba import literally, njit, prange
 
-from .._jit.launch import launch_guard
-from .._jit.math import FASTMATH, float_constants, max_key
-from .._jit.twins import uncached_twin
-from .._problem import AttentionProblem
-from ..mods import cache as mods_cache
-from ..mods.dense import run_user_code
-from ..mods.lowering import user_names
-from . import config
+from ..._jit.launch import launch_guard
+from ..._jit.math import FASTMATH, float_constants, max_key
+from ..._jit.twins import uncached_twin
+from ..._problems.dense import AttentionProblem
+from ...mods import cache as mods_cache
+from ...mods.dense import run_user_code
+from ...mods.lowering import user_names
+from .. import config
 from .forward import mod_functions
 from .micro import (
     BLOCK_K,
     BLOCK_Q,
-    _launch,
-    _pack_head,
     block_state,
     finish_rows,
+    launch_kernel,
     outputs,
+    pack_head,
     row_softmax,
     tile_scores,
     tile_values,
@@ -69,7 +69,7 @@ def _flag_values(vp_bh, key_end, Dv, bad):
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _prepare_head(k, v, key_end, b, hk, kp_bh, vp_bh, bad_bh):
     """Pack (b, hk) as the plain path does, and flag its non-finite values."""
-    _pack_head(k, v, key_end, b, hk, kp_bh, vp_bh)
+    pack_head(k, v, key_end, b, hk, kp_bh, vp_bh)
     _flag_values(vp_bh, key_end, v.shape[3], bad_bh)
 
 
@@ -252,7 +252,7 @@ def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,
         Causal, key_lengths, scale and mods (a dense mask as mods:
         :func:`kernels.mods.dense_mask.as_mods`); no ``mask``, dropout or weights.
     config_block : (int, int)
-        The register block ``(mr, nr)`` (:data:`kernels.numba_cpu.micro.CONFIGS`).
+        The register block ``(mr, nr)`` (:data:`kernels.numba_cpu.dense.micro.CONFIGS`).
     block_q, block_k : int
         Query rows per task and keys per tile at most (``block_k`` rounded up to a
         multiple of the cell).
@@ -260,7 +260,7 @@ def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,
         Keys per cell of the mask's classification (rounded up to a multiple of ``nr``);
         default ``config.CELL_K``.
     fuse : bool, optional
-        As :func:`kernels.numba_cpu.micro.run`.
+        As :func:`kernels.numba_cpu.dense.micro.run`.
 
     Returns
     -------
@@ -283,6 +283,6 @@ def run(problem: AttentionProblem, config_block, *, block_q: int = BLOCK_Q,
             problem.causal_offset is not None, problem.causal_offset or 0,
             dtype(problem.scale), out, lse, block_q, block_k, cell_k, bool(fuse)) + mods
     with launch_guard():
-        run_user_code(user_names(problem), _launch, args, mr, nr,
+        run_user_code(user_names(problem), launch_kernel, args, mr, nr,
                       _kernel_mods if cached else _kernel_mods_user)
     return out, lse

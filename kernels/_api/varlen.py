@@ -2,7 +2,7 @@
 (FlashAttention's ``flash_attn_varlen_func``; xFormers' ``BlockDiagonalMask.from_seqlens``).
 
 The numba backend runs its own tasks over (sequence, head, block) with no padded row or key
-(:mod:`kernels.numba_cpu.varlen`).  The reference and cuda backends run each sequence as a
+(:mod:`kernels.numba_cpu.varlen.blocks`).  The reference and cuda backends run each sequence as a
 dense call (:func:`_dense_call`): a batch of B entries, all but entry b empty
 (``key_lengths`` 0, zero queries), so that the mods and the dropout hash see batch index b.
 That is the definition of the result (each sequence alone, batch index b), computed
@@ -16,26 +16,35 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._api import attention, attention_backward
-from ._arrays import as_numpy
-from ._dispatch import entry_module, resolve
-from ._dtypes import compute_dtype
-from ._sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
-from ._validate import _as_float_array, causal_offset, check_backend, check_dropout, check_qkv
-from ._varlen_problem import VarlenProblem
+from .._dtypes import compute_dtype
+from .._problems.arrays import (
+    as_numpy,
+    require_dtype,
+    require_integers,
+    require_shape,
+    wrong_shape,
+)
+from .._problems.checks import (
+    as_float_array,
+    causal_offset,
+    check_backend,
+    check_dropout,
+    check_qkv,
+)
+from .._problems.sinks import check_sinks, keys_only_lse, merge_sinks, sink_gradient
+from .._problems.varlen import VarlenProblem
+from .dense import attention, attention_backward
+from .dispatch import entry_module, resolve
 
 __all__ = ["attention_varlen", "attention_varlen_backward"]
 
 
 def _check_cu_seqlens(name: str, cu, total: int, n_seq: int | None) -> np.ndarray:
-    if not isinstance(cu, np.ndarray):
-        cu = np.asarray(cu)
-    if cu.dtype == np.bool_ or not np.issubdtype(cu.dtype, np.integer):
-        raise TypeError(f"{name} has dtype {cu.dtype}; expected integers (int32 or int64)")
+    cu = require_integers(name, cu, "integers (int32 or int64)")
     if cu.ndim != 1 or cu.shape[0] < 1:
-        raise ValueError(f"{name} has shape {cu.shape}; expected (B + 1,) offsets")
+        raise wrong_shape(name, cu.shape, "(B + 1,) offsets")
     if n_seq is not None and cu.shape[0] != n_seq + 1:
-        raise ValueError(f"{name} has shape {cu.shape}; expected ({n_seq + 1},), the length "
+        raise wrong_shape(name, cu.shape, f"({n_seq + 1},), the length "
                          "of cu_seqlens_q (one sequence of queries per sequence of keys)")
     cu = cu.astype(np.int64)
     if cu[0] != 0:
@@ -73,9 +82,9 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     """
     arrays = []
     for name, x in (("q", q), ("k", k), ("v", v)):
-        x = _as_float_array(name, x)
+        x = as_float_array(name, x)
         if x.ndim != 3:
-            raise ValueError(f"{name} has shape {x.shape}; expected (total, heads, head size)")
+            raise wrong_shape(name, x.shape, "(total, heads, head size)")
         arrays.append(x)
     # As (heads, total, head size), the dense checks apply (dtypes, D, heads, keys = values).
     q, k, v = (x.transpose(1, 0, 2) for x in check_qkv(*(x.transpose(1, 0, 2) for x in arrays)))
@@ -100,7 +109,7 @@ def prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         dropout_p=dropout_p, seed=seed, sinks=check_sinks(sinks, q.shape[1], q.dtype))
     if score_mod is None and mask_mod is None:
         return problem
-    from . import mods
+    from .. import mods
 
     score = None if score_mod is None else mods.as_score_mod(score_mod)
     mask = None if mask_mod is None else mods.as_mask_mod(mask_mod)
@@ -283,13 +292,10 @@ def attention_varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, out=
 
 def _check_like(name, x, shape, dtype):
     x = as_numpy(name, x, "attention_varlen_backward")
-    if x.dtype != dtype:
-        what = ("the forward's lse: q's dtype, float32 for half inputs" if name == "lse"
-                else "the dtype of q")
-        raise TypeError(f"{name} has dtype {x.dtype}; expected {dtype} ({what})")
-    if x.shape != tuple(shape):
-        raise ValueError(f"{name} has shape {x.shape}; expected {tuple(shape)}")
-    return np.ascontiguousarray(x)
+    what = ("the forward's lse: q's dtype, float32 for half inputs" if name == "lse"
+            else "the dtype of q")
+    require_dtype(name, x, (dtype,), f"{dtype} ({what})")
+    return np.ascontiguousarray(require_shape(name, x, shape))
 
 
 def _dense_backward(problem: VarlenProblem, name: str, dout, out, lse):

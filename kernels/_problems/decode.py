@@ -34,7 +34,7 @@ class DecodeProblem:
     score_mod: object = None  # kernels.mods.ScoreMod (q_idx absolute), or None
     mask_mod: object = None  # kernels.mods.MaskMod (q_idx absolute), or None
     paged: bool = False  # the caller's cache was paged (for reports; reads are the same)
-    sinks: np.ndarray | None = None  # (H,) one logit per query head (kernels._sinks), or None
+    sinks: np.ndarray | None = None  # (H,) one logit per query head (_problems.sinks), or None
 
     @property
     def dtype(self) -> np.dtype:
