@@ -5,6 +5,8 @@ Build it with ``pip install -e ".[docs]"`` and then
 The pages are Markdown (MyST); the API reference is generated from the numpydoc
 docstrings (autodoc + numpydoc).  The figures are made by the build
 (``docs/_ext/attnbench_figures.py``) from small runs on the machine that builds it.
+``results.md`` and its figures are generated here, before the pages are read, from the
+stored runs in ``docs/runs/`` (``python -m attnbench.report.results_page``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
+
+# results.md (and the README's headline block) from the stored runs, its figures beside
+# the build's others; the same command a contributor runs after storing a run.
+from attnbench.report import results_page  # noqa: E402
+
+if results_page.main(["--root", str(Path(__file__).resolve().parents[1]), "--figures",
+                      str(Path(__file__).resolve().parent / "_generated")]) != 0:
+    raise RuntimeError("python -m attnbench.report.results_page failed")
 
 project = "attnbench"
 author = "the attnbench developers"
