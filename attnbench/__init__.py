@@ -12,8 +12,9 @@ name (:mod:`attnbench.kernels._name`).  The harness's tree shows its architectur
 - :mod:`attnbench.studies`: scaling fits, softmax stability, parameter arithmetic.
 - :mod:`attnbench.claims`: the claims ledger and its checks.
 - :mod:`attnbench.report`: the HTML report, its plots and tables.
-- :mod:`attnbench.cli` (the ``attnbench`` command), :mod:`attnbench.job` (``run`` and
-  ``sweep``), :mod:`attnbench.gpu_check` (``scripts/gpu-check.sh``).
+- :mod:`attnbench.cli`: the ``attnbench`` command, one module per subcommand (each holds
+  its arguments and the handler that runs it); :mod:`attnbench.gpu_check`
+  (``scripts/gpu-check.sh``).
 """
 
 from . import _kernels_path

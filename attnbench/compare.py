@@ -18,7 +18,6 @@ and no interval, and are never called significant.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from attnbench.measure.machine import busy_machine
 from attnbench.studies.scaling import with_parameters
 from attnbench.sweep.files import load_results
 
-__all__ = ["THRESHOLD", "command", "compare_folders", "compare_tables", "plot_ratios"]
+__all__ = ["THRESHOLD", "compare_folders", "compare_tables", "plot_ratios"]
 
 #: Point parameters a comparison joins on.
 KEYS = ["backend", "L", "d_k", "heads", "kv_heads", "batch", "mask", "dtype", "direction",
@@ -175,41 +174,3 @@ def _machines_note(meta_before: dict, meta_after: dict) -> str:
                          f"{max(loads):.1f} on {cores} cores): its times include waiting "
                          "for cores other processes held.")
     return "\n".join(notes)
-
-
-def format_table(table: pd.DataFrame) -> str:
-    """The comparison as fixed-width text, the regressions first."""
-    order = {"regression": 0, "slower": 1, "improvement": 2, "faster": 3}
-    shown = table.assign(_order=table["change"].map(order).fillna(9)).sort_values("_order")
-    lines = []
-    for r in shown.itertuples():
-        interval = ("" if not np.isfinite(r.ratio_low)
-                    else f" [{r.ratio_low:.3f}, {r.ratio_high:.3f}]")
-        lines.append(f"{r.backend:<10} L={r.L:<5} d_k={r.d_k:<4} H={r.heads:<3} "
-                     f"B={r.batch:<3} {r.mask:<8} {r.dtype:<8} {r.before_ms:10.4g} ms → "
-                     f"{r.after_ms:10.4g} ms  ×{r.ratio:.3f}{interval}  {r.change}")
-    return "\n".join(lines)
-
-
-def command(args) -> int:
-    """``attnbench compare A B``: print the comparison, write its files, return the status."""
-    out = args.out if args.out is not None else args.after / "compare"
-    try:
-        table, note = compare_folders(args.before, args.after, threshold=args.threshold,
-                                      quantity=args.quantity, out=out)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"attnbench compare: {exc}", file=sys.stderr)
-        return 2
-    if table.empty:
-        print("attnbench compare: the two folders share no point measured ok in both",
-              file=sys.stderr)
-        return 2
-    print(format_table(table))
-    counts = table["change"].value_counts()
-    print(f"\n{len(table)} points: " + ", ".join(f"{int(n)} {change}"
-                                              for change, n in counts.items())
-          + f" (B / A, {args.quantity}; regression: the whole 95% interval above "
-            f"1 + {args.threshold:g}). Wrote {out / 'compare.csv'}.")
-    if note:
-        print(note)
-    return 1 if table["regressed"].any() else 0

@@ -9,7 +9,7 @@ import ml_dtypes
 import pandas as pd
 import pytest
 
-import attnbench.job
+import attnbench.cli.run
 import attnbench.sweep.agreement
 from attnbench.cli import main
 from attnbench.sweep.agreement import MASK_KINDS, select_backends
@@ -28,7 +28,7 @@ def test_run_exits_1_when_a_backend_disagrees(tmp_path, monkeypatch, capsys):
         return max(agreement_status, 0)
 
     monkeypatch.setattr(attnbench.sweep.agreement, "tolerance", lambda *args: -1.0)
-    monkeypatch.setattr(attnbench.job, "run_job", run_job)
+    monkeypatch.setattr(attnbench.cli.run, "run_job", run_job)
     status = main(["run", "--grid", "tiny", "--backends", "reference", "--out",
                    str(tmp_path), "--max-time", "0.001"])
     assert status == 1 and given == {"agreement_status": 1}

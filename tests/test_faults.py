@@ -72,7 +72,7 @@ def test_the_peak_is_the_best_of_probes_through_the_sweep_and_rows_are_read_agai
 
 
 def test_the_console_table_says_why_a_percentage_is_missing():
-    from attnbench.job import format_points
+    from attnbench.cli.console import format_points
 
     row = {"backend": "numba", "L": 64, "d_k": 8, "heads": 2, "kv_heads": 2, "batch": 1,
            "mask": "none", "dtype": "float32", "status": "ok", "median_ms": 0.1,

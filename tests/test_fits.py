@@ -157,7 +157,7 @@ def test_the_lower_order_term_recovers_the_leading_exponent_a_plain_fit_bends():
 
 @pytest.mark.parametrize("work, exponent", [(lambda x, p: x, 1), (lambda x, p: x**p, 1.5)])
 def test_the_lower_order_term_never_confirms_a_cost_that_grows_slower(work, exponent):
-    from attnbench.studies.scaling import verdict
+    from attnbench.studies.scaling_verdicts import verdict
 
     for seed in range(10):
         rng = np.random.default_rng([seed, 8])

@@ -44,8 +44,11 @@ def test_the_harness_has_no_import_circle():
 
 
 #: The harness's layers, bottom up: a module imports only from its own layer and below
-#: (measure → sweep → studies → the parts built on them → the report → the jobs → the
-#: commands).  ``attnbench.kernels`` (kernels/) lies below them all.
+#: (measure → sweep → studies → the parts built on them → the report → the commands'
+#: helpers and the GPU job → the commands).  ``attnbench.kernels`` (kernels/) lies below
+#: them all.  Every command is a module of ``attnbench.cli`` holding its arguments and its
+#: handler; the helpers they share (argument types, what a sweep prints) sit one layer
+#: below them, so that a helper never reaches into a command.
 HARNESS_LAYERS = {
     "attnbench.section": 0, "attnbench._kernels_path": 0,
     "attnbench.measure": 1,
@@ -53,7 +56,7 @@ HARNESS_LAYERS = {
     "attnbench.studies": 3,
     "attnbench.claims": 4, "attnbench.conformance": 4,
     "attnbench.report": 5, "attnbench.bench": 5, "attnbench.compare": 5,
-    "attnbench.job": 6, "attnbench.gpu_check": 6,
+    "attnbench.gpu_check": 6, "attnbench.cli.arguments": 6, "attnbench.cli.console": 6,
     "attnbench.cli": 7, "attnbench.__main__": 7, "attnbench": 7,
 }
 
@@ -62,11 +65,10 @@ def _harness_layer(name: str) -> tuple[int, str]:
     return layer_of(name, HARNESS_LAYERS, "test_harness_layout.HARNESS_LAYERS")
 
 
-def test_the_harness_imports_run_one_way():
-    """measure → sweep → studies → claims, conformance → report, bench → jobs → commands:
-    nothing imports a layer above its own."""
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` from a module to one of a higher layer."""
     upward = []
-    for module, targets in import_graph(ROOT).items():
+    for module, targets in graph.items():
         if module.startswith("attnbench.kernels"):
             continue
         layer, group = _harness_layer(module)
@@ -76,4 +78,28 @@ def test_the_harness_imports_run_one_way():
             their_layer, their_group = _harness_layer(target)
             if their_layer > layer:
                 upward.append(f"{module} ({group}) imports {target} ({their_group})")
+    return upward
+
+
+def test_the_harness_imports_run_one_way():
+    """measure → sweep → studies → claims, conformance → report, bench → the commands'
+    helpers → the commands: nothing imports a layer above its own."""
+    upward = _upward(import_graph(ROOT))
     assert not upward, upward
+
+
+def test_the_layer_rule_catches_an_upward_import():
+    """A study reading a command's handler, or a command helper reaching into a command,
+    is flagged; a command using a helper, a study or the report is not."""
+    graph = {"attnbench.studies.scaling": {"attnbench.cli.run"},
+             "attnbench.cli.console": {"attnbench.cli.sweep"},
+             "attnbench.sweep.agreement": {"attnbench.report.build"},
+             "attnbench.cli.run": {"attnbench.cli.console", "attnbench.studies.scaling",
+                                   "attnbench.report.build", "attnbench.sweep.agreement"}}
+    assert _upward(graph) == [
+        "attnbench.studies.scaling (attnbench.studies) imports attnbench.cli.run "
+        "(attnbench.cli)",
+        "attnbench.cli.console (attnbench.cli.console) imports attnbench.cli.sweep "
+        "(attnbench.cli)",
+        "attnbench.sweep.agreement (attnbench.sweep) imports attnbench.report.build "
+        "(attnbench.report)"]

@@ -1,6 +1,6 @@
 """The report's Verdicts table shows the scaling verdicts as studies.scaling decided them.
 
-The console (:func:`attnbench.job.print_verdicts`) and the report read the same stored
+The console (:func:`attnbench.cli.console.print_verdicts`) and the report read the same stored
 outcome, conclusion and reason, and write exponents with the same function; the report
 never rewords a verdict from the numbers.
 """
@@ -11,9 +11,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from attnbench.job import print_verdicts
+from attnbench.cli.console import print_verdicts
 from attnbench.report import build, summary, verdicts
-from attnbench.studies.scaling import exponent_text, row_exponent, scaling_table
+from attnbench.studies.scaling import scaling_table
+from attnbench.studies.scaling_verdicts import exponent_text, row_exponent
 from tests.test_fits import sampled_sweep
 
 

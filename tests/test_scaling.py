@@ -4,16 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.studies.scaling import (
-    MIN_FIT_TIME_S,
-    OVERHEAD_FACTOR,
-    TOLERANCE,
-    PowerFit,
-    fit_mask,
-    fit_power_law,
-    scaling_table,
-    verdict,
-)
+from attnbench.studies.fits import PowerFit, fit_power_law
+from attnbench.studies.scaling import MIN_FIT_TIME_S, OVERHEAD_FACTOR, fit_mask, scaling_table
+from attnbench.studies.scaling_verdicts import TOLERANCE, verdict
 
 
 def test_exact_power_law_gives_the_exponent_and_a_zero_interval():

@@ -60,8 +60,6 @@ what is measured.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -74,11 +72,8 @@ from attnbench.bench.backward import backward_section
 from attnbench.bench.config import (
     COLUMNS,
     BenchConfig,
-    command_line,
-    config_from_args,
 )
 from attnbench.bench.decode import decode_section
-from attnbench.bench.output import format_table, format_targets, write_results
 from attnbench.bench.precision import precision_section
 from attnbench.bench.sections import (
     causal_section,
@@ -89,7 +84,6 @@ from attnbench.bench.sections import (
     startup_section,
     tiny_section,
 )
-from attnbench.bench.targets import targets_table
 from attnbench.bench.variants import variants_section
 from attnbench.bench.varlen import varlen_section
 from attnbench.measure import peers
@@ -98,7 +92,6 @@ from attnbench.measure.machine import (
     machine_columns,
     machine_record,
     plan_ahead,
-    summary_lines,
 )
 from attnbench.measure.problems import (
     limit_threads,
@@ -166,7 +159,7 @@ def _timed_sections(config: BenchConfig, threads: int, peaks: dict,
     return rows
 
 
-def _planned_shapes(config: BenchConfig):
+def planned_shapes(config: BenchConfig):
     """The largest numba forward problems of the bench, per dtype, for
     :func:`attnbench.measure.machine.plan_ahead`."""
     B, H, D = config.batch, config.heads, config.head_size
@@ -204,7 +197,7 @@ def run_bench(config: BenchConfig | None = None, *,
         peers.peer_status("torch")  # import torch before Numba's threads start: see below
     threads = config.threads or numba.get_num_threads()
     started = time.perf_counter()
-    plan_ahead(_planned_shapes(config))  # no timed call plans: see plan_ahead
+    plan_ahead(planned_shapes(config))  # no timed call plans: see plan_ahead
     load_before = load_average()
     rows: list[dict] = []
     with limit_threads(threads, torch="torch" in config.peers):
@@ -236,34 +229,3 @@ def run_bench(config: BenchConfig | None = None, *,
             "machine": record, "seconds": time.perf_counter() - started,
             "load_average": [load_before, load_average()]}
     return table, meta
-
-
-
-def command(args) -> int:
-    """``attnbench bench``: run, print the tables, write the files; the exit status.
-
-    0 when every numba row ran and is within the tolerance (targets met or not: they are
-    measurements, reported in the table), 1 otherwise.
-    """
-    config = config_from_args(args)
-    if "torch" in config.peers:
-        peers.peer_status("torch")  # before summary_lines starts Numba's threads
-    plan_ahead(_planned_shapes(config))  # before the header, so its "Tiles" line is true
-    print("\n".join(summary_lines()), flush=True)
-    table, meta = run_bench(config, progress=lambda line: print(line, file=sys.stderr,
-                                                                flush=True))
-    targets = targets_table(table, config)
-    peaks = meta["gemm_peak_gflops"]["used"]
-    print(f"GEMM peak  float32 {peaks['float32']:.1f} GFLOP/s, float64 {peaks['float64']:.1f} "
-          f"GFLOP/s (numpy matmul n=1024, {meta['threads']} threads, larger of before/after)")
-    print(f"Load       {meta['load_average'][0]:.2f} before, {meta['load_average'][1]:.2f} after"
-          f" (1-min average; {os.cpu_count()} logical cores)\n")
-    print(format_table(table))
-    print("\n" + format_targets(targets))
-    paths = write_results(table, targets, meta, args.out, command_line=command_line(config))
-    print(f"\nWrote {', '.join(str(path) for path in paths)} in {meta['seconds']:.0f} s.")
-    numba_rows = table[table["impl"] == "numba"]
-    failed = (~numba_rows["status"].isin(["ok"])
-              & ~numba_rows["status"].str.startswith("skipped")).any()
-    inaccurate = (numba_rows["within_tolerance"].dropna() == False).any()  # noqa: E712
-    return 1 if failed or inaccurate else 0

@@ -41,12 +41,12 @@ from attnbench.measure.problems import load_average
 from attnbench.measure.timing import peak_extra_memory
 from attnbench.studies import params
 from attnbench.studies.fits import fit_scaling
-from attnbench.studies.scaling import (
+from attnbench.studies.scaling import lower_term
+from attnbench.studies.scaling_verdicts import (
     CLASS_NAMES,
     TOLERANCE,
     exponent_text,
     lower_order_dominates,
-    lower_term,
 )
 
 
@@ -129,7 +129,7 @@ def judge_c12(time_interval: tuple[float, float], flop_slope: float,
     """Verdict on O(n²) from the measured exponents: does-not-hold if the FLOP count's slope
     is not 2 (to 1e-6); inconclusive if the fit's leading term is less than half of the
     largest point's time (``leading_share``: the overhead and the linear term dominate,
-    as :func:`attnbench.studies.scaling.verdict` rules); holds if the whole 95% interval
+    as :func:`attnbench.studies.scaling_verdicts.verdict` rules); holds if the whole 95% interval
     of the time's exponent lies within 2 ± TOLERANCE (:mod:`attnbench.studies.scaling`);
     holds-with-caveat (quadratic in FLOPs only) if it lies wholly outside; inconclusive
     if it straddles.  Returns (verdict, condition)."""

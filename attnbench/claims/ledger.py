@@ -328,25 +328,3 @@ def section(ledger: pd.DataFrame | None = None) -> Section:
     )
     return Section(title="Claims ledger", text=text, anchor="claims",
                    tables=[("The claims and their verdicts", table)])
-
-
-def command(args) -> int:
-    """``attnbench verify``: run the ledger, print it (text or JSON); 1 if a check errored."""
-    import sys
-
-    start = time.perf_counter()
-    try:
-        ledger = verify_claims(args.only)
-    except ValueError as exc:
-        print(f"attnbench verify: error: {exc}", file=sys.stderr)
-        return 2
-    elapsed = time.perf_counter() - start
-    if args.json:
-        print(ledger_json(ledger))
-    else:
-        print(format_ledger(ledger, details=args.details))
-        print(f"Ledger run time: {elapsed:.1f} s.")
-    errors = ledger[ledger["verdict"] == ERROR]
-    for row in errors.itertuples():
-        print(f"attnbench verify: check {row.id} raised: {row.measured}", file=sys.stderr)
-    return 1 if len(errors) else 0

@@ -1,10 +1,16 @@
-"""The ``attnbench`` command (also ``python -m attnbench``): argument parsing only.
+"""The ``attnbench`` command (also ``python -m attnbench``): one module per subcommand.
 
-Eight subcommands, each declared by an ``add_<name>`` function that delegates the work to
-one function of the package: :mod:`~attnbench.cli.measuring` holds ``run`` (the main
-job), ``sweep`` and ``bench``; :mod:`~attnbench.cli.results` holds ``report``, ``verify``,
-``params`` and ``compare``; :mod:`~attnbench.cli.conformance` holds ``conform``;
-:mod:`~attnbench.cli.arguments` the argument types they share.
+In the manner of asv's ``commands/``: each subcommand's module declares its arguments
+(an ``add_<name>`` function) and holds the handler that does the command's work, the
+function that orchestrates the library's layers below, prints and returns the exit
+status (``<name>_command``): :mod:`~attnbench.cli.run` (the main job),
+:mod:`~attnbench.cli.sweep` and :mod:`~attnbench.cli.bench` time;
+:mod:`~attnbench.cli.report`, :mod:`~attnbench.cli.verify`, :mod:`~attnbench.cli.params`
+and :mod:`~attnbench.cli.compare` read results or compute without timing;
+:mod:`~attnbench.cli.conformance` holds ``conform``.  Two modules serve them:
+:mod:`~attnbench.cli.arguments` (the argument types they share) and
+:mod:`~attnbench.cli.console` (what ``run`` and ``sweep`` print of a sweep).  Nothing
+below this package imports it.
 """
 
 from __future__ import annotations
@@ -13,16 +19,15 @@ import argparse
 import sys
 
 from attnbench import __version__
-from attnbench.cli import conformance, measuring, results
+from attnbench.cli import bench, compare, conformance, params, report, run, sweep, verify
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
 #: Subcommands: name -> function adding its parser.
-COMMANDS = {"run": measuring.add_run, "sweep": measuring.add_sweep,
-            "report": results.add_report, "verify": results.add_verify,
-            "params": results.add_params, "bench": measuring.add_bench,
-            "compare": results.add_compare, "conform": conformance.add_conform}
+COMMANDS = {"run": run.add_run, "sweep": sweep.add_sweep, "report": report.add_report,
+            "verify": verify.add_verify, "params": params.add_params, "bench": bench.add_bench,
+            "compare": compare.add_compare, "conform": conformance.add_conform}
 
 
 def build_parser() -> argparse.ArgumentParser:

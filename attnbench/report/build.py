@@ -361,19 +361,3 @@ def build_report(folder, html_path=None, *, run: dict | None = None) -> Path:
     sections = collect_sections(folder)
     return html_report.write_html(html_path, sections, title="attnbench report",
                                   subtitle=_subtitle(folder, run))
-
-
-def command(args) -> int:
-    """``attnbench report DIR [--html FILE]``."""
-    import sys
-
-    try:
-        path = build_report(args.folder, args.html)
-    except FileNotFoundError as exc:
-        print(f"attnbench report: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"Read {args.folder}:")
-    for line in provenance(args.folder):
-        print(f"  {line}")
-    print(f"Wrote {path}")
-    return 0

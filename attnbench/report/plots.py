@@ -29,13 +29,8 @@ from attnbench.report.heatmaps import (  # noqa: F401  (re-exported)
     heatmap_section,
     heatmap_weights,
 )
-from attnbench.studies.scaling import (
-    exponent_text,
-    fit_from_row,
-    fit_mask,
-    interval,
-    memory_growth,
-)
+from attnbench.studies.scaling import fit_from_row, fit_mask, memory_growth
+from attnbench.studies.scaling_verdicts import exponent_text, interval
 
 __all__ = ["attention_heatmaps", "error_by_backend", "gflops_by_backend", "heatmap_section",
            "heatmap_weights", "memory_vs_length", "time_vs_length"]

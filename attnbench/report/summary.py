@@ -23,7 +23,9 @@ import pandas as pd
 from attnbench.measure.machine import BUSY_LOAD_PER_CORE, busy_machine
 from attnbench.report import variants
 from attnbench.section import TONES, Section, tone_of
-from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, row_exponent
+from attnbench.studies.scaling import WINDOW_VARIABLE
+from attnbench.studies.scaling_claims import SKIPPING_BACKENDS
+from attnbench.studies.scaling_verdicts import row_exponent
 from attnbench.studies.variants import skipping_table
 
 __all__ = ["Card", "cards", "render_cards", "summary_section"]
@@ -58,7 +60,7 @@ def _outcome(row) -> str:
 
 def _fit_line(quantity: str, row) -> str:
     """``time ∝ L^1.98 [1.95, 2.01]`` as the console writes it
-    (:func:`attnbench.studies.scaling.row_exponent`), or why there is no fit."""
+    (:func:`attnbench.studies.scaling_verdicts.row_exponent`), or why there is no fit."""
     if pd.isna(row.get("slope")):
         reason = row.get("conclusion")
         return f"no fit ({reason})" if isinstance(reason, str) and reason else "no fit"
@@ -121,7 +123,7 @@ def _fit_cards(fits: pd.DataFrame, quantity: str, backends, question, link, *,
 
 def skipping_card(sweep: pd.DataFrame | None) -> Card | None:
     """Block skipping pays when every variant of ideal speed-up ≥ 2 of a backend that skips
-    tiles (:data:`~attnbench.studies.scaling.SKIPPING_BACKENDS`) runs faster than its plain
+    tiles (:data:`~attnbench.studies.scaling_claims.SKIPPING_BACKENDS`) runs faster than its plain
     call (the lower end of the ratio's interval above 1, or the ratio without one); amber
     when some does not, grey without such variants."""
     if sweep is None or sweep.empty or "variant" not in sweep:

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 
 from attnbench.report import plots
 from attnbench.section import Section
-from attnbench.studies.scaling import SKIPPING_BACKENDS, WINDOW_VARIABLE, with_parameters
+from attnbench.studies.scaling import WINDOW_VARIABLE, with_parameters
+from attnbench.studies.scaling_claims import SKIPPING_BACKENDS
 from attnbench.studies.variants import skipping_table
 from attnbench.sweep.variants import window_size
 

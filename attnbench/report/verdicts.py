@@ -4,9 +4,9 @@
 them against L; :func:`scaling_sections` turns its verdict lines into a table
 (:func:`verdicts_table`) and adds the plots of time against d_k, heads and batch to those
 against L.  Nothing here decides a verdict: each fit's outcome, its conclusion and the
-reason are those :func:`attnbench.studies.scaling.verdict_parts` decided (the console
+reason are those :func:`attnbench.studies.scaling_verdicts.verdict_parts` decided (the console
 prints the same), shown as the scaling table stores them, and exponents are written by the
-same :func:`attnbench.studies.scaling.exponent_text` (``L^2.00 [1.99, 2.02]``).
+same :func:`attnbench.studies.scaling_verdicts.exponent_text` (``L^2.00 [1.99, 2.02]``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pandas as pd
 from attnbench.measure.machine import busy_machine
 from attnbench.report import hosts, kinds, plots, variants
 from attnbench.section import Section
-from attnbench.studies import scaling
+from attnbench.studies import scaling, scaling_verdicts
 from attnbench.studies.scaling import with_parameters
 
 __all__ = ["scaling_section", "scaling_sections", "verdicts_table"]
@@ -31,13 +31,13 @@ def verdicts_table(fits: pd.DataFrame) -> pd.DataFrame:
     """One line per measured fit, the outcome early: what the scaling section concludes.
 
     ``exponent`` is the slope and its 95% interval as the console writes it
-    (:func:`attnbench.studies.scaling.row_exponent`); ``verdict`` is the fit's stored
+    (:func:`attnbench.studies.scaling_verdicts.row_exponent`); ``verdict`` is the fit's stored
     conclusion (claim, outcome, reason), or its whole stored line for a table without
     that column: never decided again here.
     """
     measured = with_parameters(fits[fits["quantity"] != "flops"])
     stored = measured["conclusion"] if "conclusion" in measured else measured["verdict"]
-    shown = measured.assign(exponent=[scaling.row_exponent(row)
+    shown = measured.assign(exponent=[scaling_verdicts.row_exponent(row)
                                       for _, row in measured.iterrows()],
                             verdict=stored.fillna("").astype(str))
     columns = ([hosts.GROUP_COLUMN] if hosts.GROUP_COLUMN in shown else []) + [
@@ -98,7 +98,7 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
         "model has a linear term too, t = c + b·L + a·L^p (b ≥ 0: the per-row work, and a "
         "causal kernel's diagonal tiles, which weigh most at small L and would otherwise "
         "read as a smaller p), and p is the exponent of the leading term. A fit whose "
-        f"leading term is less than {1 - scaling.OVERHEAD_DOMINATES:.0%} of its largest "
+        f"leading term is less than {1 - scaling_verdicts.OVERHEAD_DOMINATES:.0%} of its largest "
         "point's time is inconclusive (larger sizes are needed). Sliding windows are "
         "fitted against L·W with a term in L (t = c + b·L + a·(L·W)^p): the kernel reads "
         "up to one 64-key cell past each window. The 95% interval on p is a percentile bootstrap "
@@ -116,12 +116,14 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
         "squares (tracemalloc is deterministic: no samples to resample). "
         "A fit that uses a starved point (timed while the process's threads waited for "
         "cores other processes held: see the rows' wait_share) is inconclusive. "
-        f"An exponent within ±{scaling.TOLERANCE} of the expected one counts as that power; a "
+        f"An exponent within ±{scaling_verdicts.TOLERANCE} of the expected one counts as "
+        "that power; a "
         "verdict is decided from the whole interval: confirmed when it lies inside, not "
         "confirmed when it lies outside, inconclusive when it straddles the boundary. "
         "The fused numba kernel promises at most linear memory (O(L·d) working memory, no "
         "L × L array): its memory verdict checks that upper bound (interval below "
-        f"1 + {scaling.TOLERANCE}); its fixed per-thread buffers make the measured slope smaller "
+        f"1 + {scaling_verdicts.TOLERANCE}); its fixed per-thread buffers make the measured "
+        "slope smaller "
         "than 1 at these sizes. The reference and the plain NumPy peer build the L × L "
         "scores: their memory is checked against L². "
         "FLOPs are counted, not measured (visible pairs × 2·(d_k + d_v)): their fit checks "
@@ -134,7 +136,7 @@ def scaling_section(table: pd.DataFrame, fits: pd.DataFrame | None = None,
     text += _load_text(meta or {})
     if fits.empty:
         text += ("\n\nNo series of this sweep varies a parameter over "
-                 f"{scaling.MIN_POINTS} or more values, so nothing was fitted.")
+                 f"{scaling_verdicts.MIN_POINTS} or more values, so nothing was fitted.")
         return [Section(title="Scaling", text=text)]
     lines = [f"{row.verdict}  [{_series_label(row)}]" for row in fits.itertuples()
              if row.quantity != "flops"]

@@ -11,8 +11,12 @@ abs error, whether that is within the tolerance, its median time and IQR
 The shapes exercise the tails of the kernels' tiles: odd sizes (L 97 and 113, D 59),
 Lq < Lk and Lq > Lk (where a bottom-right causal mask leaves the first queries with no
 key at all), a value size Dv != D and grouped-query attention (8 query heads on 2 K/V
-heads).  The ``cuda`` backend joins only on a real GPU or when asked by name: Numba's
-CUDA simulator runs every GPU thread in Python, far too slowly for these shapes.
+heads).  These shapes have no equivalent among the sweep's grids (a sweep point has
+Lq = Lk = L and Dv = D), so they are named here (:data:`GRIDS`); the dtypes are the
+sweep's (:data:`attnbench.sweep.grid.DTYPES`, those this machine can make) and the
+backends are the registry's (:mod:`attnbench.measure.implementations`: every ``backend``
+kernels can run here).  A GPU backend joins only on a real GPU or when asked by name:
+Numba's CUDA simulator runs every GPU thread in Python, far too slowly for these shapes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import pandas as pd
 
 from attnbench import kernels
 from attnbench.kernels import available_backends, cuda_status, has_real_gpu
-from attnbench.kernels._dtypes import HALF_DTYPES
+from attnbench.kernels._dtypes import as_dtype, bfloat16_dtype, is_half
 from attnbench.measure import problems
 from attnbench.measure.flops import flops_of_problem, gflops
 from attnbench.measure.implementations import names
@@ -48,6 +52,7 @@ from attnbench.measure.problems import (
     timing_threads,
 )
 from attnbench.measure.timing import default_probe, fault, measure
+from attnbench.sweep import grid as sweep_grid
 
 __all__ = ["GRIDS", "MASK_KINDS", "agreement_table", "run_agreement", "select_backends"]
 
@@ -60,7 +65,8 @@ def _shape(name: str, **sizes) -> ProblemSpec:
     return ProblemSpec(name, **{"B": 2, "H": 4, **sizes})
 
 
-#: Named grids of shapes; every shape is crossed with every mask kind and dtype.
+#: Named grids of shapes; every shape is crossed with every mask kind and dtype.  Lq != Lk
+#: and Dv != D, which a sweep's grid cannot express, are the point of most of them.
 GRIDS = {
     "default": (
         _shape("L97", Lq=97, D=64),
@@ -73,12 +79,17 @@ GRIDS = {
     "tiny": (_shape("tiny GQA 2/1", H=2, Hkv=1, Lq=13, Lk=17, D=8, Dv=5),),
 }
 
-#: float16 and bfloat16 too (issue 25): computed in float32, judged by the half rule.
-DTYPES = (np.float32, np.float64) + HALF_DTYPES
+#: The sweep's dtypes (:data:`attnbench.sweep.grid.DTYPES`) that NumPy can make here:
+#: bfloat16 needs ml_dtypes.  The half dtypes are computed in float32 and judged by the
+#: half rule (:mod:`attnbench.measure.oracle`).
+DTYPES = tuple(as_dtype(name) for name in sweep_grid.DTYPES
+               if name != "bfloat16" or bfloat16_dtype() is not None)
 
 
 def select_backends(requested=None) -> list[str]:
-    """The backends to compare: the available ones, cuda only on a real GPU unless asked.
+    """The backends to compare: the registry's that kernels can run here
+    (:func:`kernels.available_backends`, in its order), a GPU one only on a real GPU
+    unless asked.
 
     Parameters
     ----------
@@ -92,12 +103,14 @@ def select_backends(requested=None) -> list[str]:
         A requested backend is unknown or cannot run here.
     """
     available = available_backends()
+    known, gpu = names(kind="backend"), names(kind="backend", device="gpu")
     if requested is None:
-        return [name for name in available if name != "cuda" or has_real_gpu()]
+        return [name for name in available
+                if name in known and (name not in gpu or has_real_gpu())]
     for name in requested:
-        if name not in names(kind="backend"):
+        if name not in known:
             raise ValueError(f"backend {name!r} is unknown; expected one of "
-                             f"{', '.join(names(kind='backend'))}")
+                             f"{', '.join(known)}")
         if name not in available:
             why = cuda_status()[1] if name == "cuda" else "not available"
             raise ValueError(f"backend {name!r} cannot run here: {why}")
@@ -297,7 +310,7 @@ def run_agreement(out: Path, *, grid: str = "default", backends=None,
         return 2, {}, start
     peaks = {np.dtype(dtype).name: gemm_peak_gflops(dtype) for dtype in (np.float32, np.float64)}
     # Half precision is computed in float32: float32's peak is the one it is held to.
-    peaks_by_dtype = {**peaks, **{d.name: peaks["float32"] for d in HALF_DTYPES}}
+    peaks_by_dtype = {**peaks, **{d.name: peaks["float32"] for d in DTYPES if is_half(d)}}
     record = machine_record()  # after the peak probes, which it lists
     lines = summary_lines(record)
     lines.append("GEMM peak  " + ", ".join(f"{name} {peak:.1f} GFLOP/s (numpy matmul, n=1024)"

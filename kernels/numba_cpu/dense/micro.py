@@ -3,8 +3,9 @@
 The question it answers ("the GEMM floor"): can the fused kernel beat its own
 BLAS floor by replacing OpenBLAS's tile GEMMs (repacked on every call) with products on
 panels packed once per (batch, head)?  This module is the alternative, measured by
-``attnbench bench --only speed`` (docs/gemm-floor.md).  The numba backend (:func:`kernels.numba_cpu.choose.run`) takes
-this path where :mod:`kernels.numba_cpu.planner` found it faster on the machine.
+``attnbench bench --only speed`` (docs/gemm-floor.md).  The numba backend
+(:func:`kernels.numba_cpu.choose.run`) takes this path where
+:mod:`kernels.numba_cpu.planner` found it faster on the machine.
 
 Layout.  For each (batch, key/value head) the keys are packed once into panels of ``nr``
 keys, ``kp[panel, d, j] = K[panel · nr + j, d]`` (zero past the last key or past
