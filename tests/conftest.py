@@ -126,11 +126,20 @@ def _quick_lane(items) -> tuple[list, list]:
     return selected, deselected
 
 
+def _e2e_wanted(config) -> bool:
+    """Whether the end-to-end lane was asked for (a ``-m`` expression that names it)."""
+    return "e2e" in (config.getoption("markexpr", default="") or "")
+
+
 def pytest_collection_modifyitems(config, items):
     selected, deselected = list(items), []
+    if not _e2e_wanted(config):
+        deselected = [item for item in selected if item.get_closest_marker("e2e")]
+        selected = [item for item in selected if not item.get_closest_marker("e2e")]
     if not _benchmarks_wanted(config):
-        selected, deselected = [], []
-        for item in items:
+        kept = selected
+        selected = []
+        for item in kept:
             inside = os.path.commonpath([str(item.path), BENCHMARKS_DIR]) == BENCHMARKS_DIR
             (deselected if inside else selected).append(item)
     if config.getoption("--quick"):
@@ -143,18 +152,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- the order of the files ------------------------------------------------------------------
-# Under ``--dist loadfile`` each worker takes a whole file at a time.  pytest-xdist queues
-# the files by their number of tests, so a long file of few tests (test_end_to_end.py: 7
-# tests, ~200 s) started last and kept one worker busy for a minute after the others had
-# finished.  The files are queued longest first instead (LPT scheduling), by the wall time
-# they took in a fresh run (2 cores, 3 workers, 2026-12-04), the rest by number of tests.
-
-#: The longest files, longest first (seconds in that run: 200, 256, 203, 148, ...).
-LONG_FILES = ("test_end_to_end.py", "test_mods.py", "test_half.py", "test_perturbation.py",
-              "test_docs_site.py", "test_micro_mods.py", "test_backward.py",
-              "test_cuda_mods.py", "test_varlen.py", "test_cuda_half.py",
-              "test_mods_backward.py", "test_numba_tiling.py", "test_varlen_half.py",
-              "test_cuda.py", "test_attention.py", "test_bench.py", "test_backward_cache.py")
+# Under ``--dist loadfile`` each worker takes a whole file at a time.  The files are queued
+# by their number of tests, most first, so that the many-case files start early; the few
+# long end-to-end runs, which would start last and keep one worker busy alone, are a lane
+# of their own (``-m e2e``).
 
 
 def pytest_configure(config):
@@ -163,12 +164,10 @@ def pytest_configure(config):
 
 
 def _file_rank(items):
-    """Sort key of an item: its file's place in LONG_FILES, then the others by their number
-    of tests (most first); a file's tests stay together and in their order."""
+    """Sort key of an item: its file's number of tests (most first), then its path; a file's
+    tests stay together and in their order."""
     counts = collections.Counter(str(item.path) for item in items)
 
     def rank(item):
-        name = item.path.name
-        first = LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
-        return first, -counts[str(item.path)], str(item.path)
+        return -counts[str(item.path)], str(item.path)
     return rank

@@ -58,6 +58,7 @@ def test_plain_pytest_deselects_the_benchmarks():
 
 
 @pytest.mark.slow  # pytest --benchmark run in a subprocess: left out of the quick lane
+@pytest.mark.e2e
 def test_benchmark_json_autosave_and_compare(tmp_path):
     report = tmp_path / "bench.json"
     storage = f"file://{tmp_path / 'storage'}"

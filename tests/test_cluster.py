@@ -141,6 +141,7 @@ GRID = Grid(L=(8, 16, 32), d_k=(4,), heads=(2,), kv_heads=(1,),
 
 
 @pytest.mark.slow  # a sweep across worker processes: left out of the quick lane
+@pytest.mark.e2e
 def test_local2_gives_the_rows_of_the_in_process_executor(local2):
     points = expand([GRID])
     here = sweep(points, executor=serial_executor)
@@ -218,6 +219,7 @@ class ExitingRunner(PointRunner):
 
 
 @pytest.mark.slow  # a sweep across worker processes: left out of the quick lane
+@pytest.mark.e2e
 def test_a_worker_killed_mid_sweep_loses_no_finished_point(tmp_path):
     points = expand([Grid(L=(8, 16, 32, 64), d_k=(4,), heads=(1,), backend=("numpy", "numba"))])
     slow = points[4]
@@ -268,6 +270,7 @@ def test_a_worker_killed_mid_sweep_loses_no_finished_point(tmp_path):
 
 
 @pytest.mark.slow  # a sweep across worker processes: left out of the quick lane
+@pytest.mark.e2e
 def test_a_point_that_kills_its_worker_is_failed_with_the_reason(tmp_path):
     points = expand([Grid(L=(8, 16), d_k=(4,), heads=(1,), backend=("numpy",))])
     runner = quick_runner(ExitingRunner, deadly=points[0])

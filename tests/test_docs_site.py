@@ -101,6 +101,7 @@ def test_public_names_have_numpydoc_docstrings(dotted):
                     not (Path(sys.executable).parent / "sphinx-build").exists(),
                     reason="Sphinx is not installed (pip install -e '.[docs]')")
 @pytest.mark.slow  # the whole Sphinx build: left out of the quick lane
+@pytest.mark.e2e
 def test_site_builds_without_warnings(tmp_path):
     sphinx = shutil.which("sphinx-build") or str(Path(sys.executable).parent / "sphinx-build")
     done = subprocess.run([sphinx, "-W", "--keep-going", "-q", "-b", "html", str(REPO / "docs"),

@@ -36,7 +36,7 @@ from tests.browser import check_page, find_chromium, screenshot
 from tests.test_report import assert_self_contained
 
 # Every test here reads the module's end-to-end runs: the quick lane leaves them out.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -198,12 +198,3 @@ def test_the_cuda_backend_alias_keeps_attention_device():
              if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert ("cuda.launch", "attention_device") in names
     assert "attention_device" in _defined("kernels.cuda.launch")
-
-
-def test_the_files_queued_first_exist():
-    """tests/conftest.py queues its LONG_FILES first under pytest-xdist: a renamed file would
-    silently fall back to the default order."""
-    from tests.conftest import LONG_FILES
-
-    tests = Path(__file__).resolve().parent
-    assert [name for name in LONG_FILES if not (tests / name).is_file()] == []

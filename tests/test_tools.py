@@ -65,6 +65,7 @@ def test_ab_rounds_alternate_and_ratios_are_per_round():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # two revisions compiled and timed
 def test_ab_old_head_against_the_tree(tmp_path):
     """HEAD's kernels (extracted, in their own process) against the working tree's: one
     small causal forward, two rounds.  40-95 s on 2 shared cores, most of it Numba
@@ -119,6 +120,7 @@ def test_fit_tanh_fits_and_checks():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_run_to_run_one_run():
     """C29's ratio measured in one fresh process; the allowance arithmetic on it."""
     done = _script("run_to_run.py", "--runs", "1")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _PLANTED = '''
@@ -28,6 +30,7 @@ def test_after():
 '''
 
 
+@pytest.mark.e2e  # pytest inside pytest, on two workers
 def test_a_crashed_worker_is_a_failed_test_and_the_run_goes_on(tmp_path):
     (tmp_path / "test_planted.py").write_text(_PLANTED)
     done = subprocess.run(
