@@ -127,7 +127,7 @@ class KVCache:
         **keywords
             Those of :func:`kernels.attention_with_kvcache` (``causal``, ``scale``,
             ``score_mod``, ``mask_mod``, ``num_splits``, ``return_lse``, ``sinks``,
-            ``backend``).
+            ``deterministic``, ``backend``).
 
         Returns
         -------

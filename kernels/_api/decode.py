@@ -22,7 +22,7 @@ __all__ = ["attention_with_kvcache"]
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens,
                            block_table=None, causal=True, scale=None, score_mod=None,
                            mask_mod=None, num_splits=0, return_lse=False, sinks=None,
-                           backend="auto"):
+                           deterministic=False, backend="auto"):
     """Attention of new queries against a KV cache, appending new keys and values in place.
 
     As FlashAttention's ``flash_attn_with_kvcache``, in this package's ``(B, H, L, D)``
@@ -61,9 +61,10 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         forward); data bound to them is indexed up to the cache's capacity.  Not a
         ``block_mask``.
     num_splits : int, default 0
-        0 chooses; 1 never splits a sequence's keys; n > 1 splits them into n chunks
-        computed in parallel and merged by log-sum-exp.  The result is the same from call
-        to call for a given ``num_splits``.
+        0 chooses (from the thread count, unless ``deterministic``); 1 never splits a
+        sequence's keys; n > 1 splits them into n chunks computed in parallel and merged
+        by log-sum-exp.  The result is the same from call to call for a given
+        ``num_splits``.
     return_lse : bool, default False
         Also return the natural-log log-sum-exp of each query row's visible scores.
     sinks : ndarray, shape (H,), optional
@@ -71,6 +72,16 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         :func:`kernels.attention`: each joins its row's softmax denominator (after
         ``score_mod``) and has no value; a query that sees no key then gets 0 and
         ``lse = sinks[h]``.
+    deterministic : bool, default False
+        With ``num_splits=0``, split each sequence's keys into runs of a fixed
+        ``kernels._problems.decode.DETERMINISTIC_SPLIT_KEYS`` (2048) keys, as SGLang's
+        deterministic mode fixes FlashInfer's split size: the split boundaries depend only
+        on the sequence's own length, so the bits of a sequence's rows do not depend on the
+        thread count nor on the other sequences of the batch (``False``: the split count
+        follows the thread count, the batch size and the longest sequence).  An explicit
+        ``num_splits`` n > 0 wins: it cuts each sequence into n parts of its own length,
+        already independent of both.  The cuda backend takes the same fixed split size;
+        the reference does not split.
     backend : {"auto", "reference", "numba", "cuda"}, default "auto"
 
     Returns
@@ -103,7 +114,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     problem, k, v, lengths = check_decode_args(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
         causal=causal, scale=scale, score_mod=score_mod, mask_mod=mask_mod,
-        num_splits=num_splits, sinks=sinks)
+        num_splits=num_splits, sinks=sinks, deterministic=deterministic)
     if not isinstance(return_lse, bool | np.bool_):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     name = resolve(backend, problem, "decode")  # before anything is written

@@ -4,6 +4,11 @@ already written into the cache: what every backend's decode module receives.
 The cache is paged in every problem: a contiguous cache (B, Hkv, Lmax, D) is the paged
 cache of B pages of ``Lmax`` tokens, sequence b on page b (``block_table`` ``[[0], [1],
 ...]``), which is the same memory read the same way, so each backend has one read path.
+
+``deterministic=True`` with ``num_splits=0`` splits every sequence's keys into runs of
+:data:`DETERMINISTIC_SPLIT_KEYS` (:meth:`DecodeProblem.split_keys`): the split boundaries
+then depend only on the sequence's own length, never on the thread count or on the other
+sequences of the batch, as SGLang's deterministic mode fixes FlashInfer's split size.
 """
 
 from __future__ import annotations
@@ -11,6 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+#: Keys per split of ``deterministic=True`` with ``num_splits=0``, the same in every
+#: backend.  2048, as SGLang's deterministic decode: a cache of 4096 keys still gets two
+#: splits (both threads of two busy for one sequence and key/value head, MQA at B=1), one of
+#: 32768 keys 16 (four tasks for each of four threads), while each split's merge costs
+#: little beside its 2048 keys.  A power of two: a multiple of the numba kernel's chunk (64
+#: keys) and of every power-of-two page size up to 2048, so splits begin on chunk and page
+#: boundaries.
+DETERMINISTIC_SPLIT_KEYS = 2048
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,7 @@ class DecodeProblem:
     mask_mod: object = None  # kernels.mods.MaskMod (q_idx absolute), or None
     paged: bool = False  # the caller's cache was paged (for reports; reads are the same)
     sinks: np.ndarray | None = None  # (H,) one logit per query head (_problems.sinks), or None
+    deterministic: bool = False  # num_splits=0: splits of DETERMINISTIC_SPLIT_KEYS keys
 
     @property
     def dtype(self) -> np.dtype:
@@ -55,6 +70,19 @@ class DecodeProblem:
         """(B,) int64: the absolute position of query 0 of each sequence, ``seqlens - Lq``
         (query i is at ``q_start[b] + i``)."""
         return self.seqlens - self.q.shape[2]
+
+    def split_keys(self) -> int:
+        """Keys per split where they are fixed (``deterministic`` with ``num_splits=0``:
+        :data:`DETERMINISTIC_SPLIT_KEYS`), else 0: the backend divides each sequence's
+        keys into its number of splits, ``ceil(seqlens[b] / n_splits)`` keys each."""
+        return DETERMINISTIC_SPLIT_KEYS if self.deterministic and not self.num_splits else 0
+
+    def fixed_splits(self) -> int:
+        """Splits of the longest sequence at :data:`DETERMINISTIC_SPLIT_KEYS` keys each (at
+        least 1); a shorter sequence leaves its last splits empty, and the merge skips
+        them."""
+        longest = int(self.seqlens.max(initial=0))
+        return max(1, -(-longest // DETERMINISTIC_SPLIT_KEYS))
 
     def key_bytes(self) -> int:
         """Bytes of K and V a decode step reads once: every visible-range key and value."""

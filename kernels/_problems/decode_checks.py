@@ -58,7 +58,7 @@ def _check_new(name: str, x, dtype, expected: tuple):
 
 def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, block_table=None,
                       causal=True, scale=None, score_mod=None, mask_mod=None, num_splits=0,
-                      sinks=None):
+                      sinks=None, deterministic=False):
     """Validate every argument; return ``(problem, k_new, v_new, cache_seqlens)``.
 
     ``problem.seqlens`` already counts the new tokens (``cache_seqlens + Lnew``); nothing is
@@ -141,6 +141,8 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         raise TypeError(f"num_splits must be an int; got {type(num_splits).__name__}")
     if num_splits < 0:
         raise ValueError(f"num_splits must be >= 0 (0 chooses); got {num_splits}")
+    if not isinstance(deterministic, bool | np.bool_):
+        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__}")
     score, mask = _check_mods(score_mod, mask_mod, B, H, capacity, dtype)
     if (score is not None or mask is not None) and seqlens.size and (seqlens < Lq).any():
         b = int(np.argmin(seqlens - Lq))
@@ -151,7 +153,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         q=np.ascontiguousarray(q), k_cache=k_cache, v_cache=v_cache, block_table=table,
         seqlens=seqlens, causal=causal, scale=_check_scale(scale, D), num_splits=int(num_splits),
         score_mod=score, mask_mod=mask, paged=block_table is not None,
-        sinks=check_sinks(sinks, H, dtype))
+        sinks=check_sinks(sinks, H, dtype), deterministic=bool(deterministic))
     return problem, k, v, lengths
 
 

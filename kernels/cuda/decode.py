@@ -5,7 +5,9 @@ its threads are the ``R = H / Hkv · Lq`` query rows of the group (rounded up to
 Per chunk of keys the block copies K and V through the block table into shared memory
 together (each K/V row read from global memory once for all the group's query heads),
 then each thread runs its row's online softmax over the chunk.  A second kernel merges
-the splits of each row by log-sum-exp in split order (the same bits from call to call).
+the splits of each row by log-sum-exp in split order (the same bits from call to call;
+``deterministic=True`` fixes the split size as the numba backend does, so a sequence's bits
+do not depend on the other sequences of the batch).
 
 Scope: no score or mask functions (the API raises before anything is written); the
 caches are copied to the device on each call (the host cache, written in place by the
@@ -53,7 +55,7 @@ def _sources(dtype):
     ZERO, NEG_INF = F(0), F(-np.inf)
 
     def splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, scale, n_splits,
-               chunk, part_out, part_lse):
+               split_keys, chunk, part_out, part_lse):
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv, ps, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
         G = H // Hkv
@@ -68,7 +70,7 @@ def _sources(dtype):
         i = r % Lq
         pos = q_start[b] + i
         n = seqlens[b]
-        per = (n + n_splits - 1) // n_splits
+        per = split_keys if split_keys > 0 else (n + n_splits - 1) // n_splits
         j_lo = min(s * per, n)
         j_hi = min(j_lo + per, n)
         tiles = cuda.shared.array(0, F)  # [chunk·D keys][chunk·Dv values]
@@ -160,7 +162,8 @@ def _signatures(dtype):
     F, S = compute_type(dtype), storage_type(dtype)
     s4, f4, f5, f3 = S[:, :, :, ::1], F[:, :, :, ::1], F[:, :, :, :, ::1], F[:, :, ::1]
     i64 = numba.int64
-    splits = (s4, s4, s4, i64[:, ::1], i64[::1], i64[::1], numba.boolean, F, i64, i64, f5, f4)
+    splits = (s4, s4, s4, i64[:, ::1], i64[::1], i64[::1], numba.boolean, F, i64, i64, i64, f5,
+              f4)
     merge = (f5, f4, s4, f3)
     return splits, merge
 
@@ -208,8 +211,14 @@ def check_supported(problem: DecodeProblem) -> None:
 
 
 def choose_splits(problem: DecodeProblem) -> int:
+    """Splits per sequence: ``num_splits``; else with ``deterministic`` splits of the
+    fixed size every backend takes (:meth:`DecodeProblem.split_keys`: a sequence's splits
+    depend on its length alone); else enough blocks for ``TARGET_BLOCKS``, which depends on
+    the batch (never on the device)."""
     if problem.num_splits:
         return problem.num_splits
+    if problem.deterministic:
+        return problem.fixed_splits()
     B, _, Hkv, _, _, _ = problem.shape
     longest = int(problem.seqlens.max(initial=0))
     return max(1, min(-(-TARGET_BLOCKS // max(B * Hkv, 1)), longest // MIN_KEYS_PER_SPLIT))
@@ -239,8 +248,8 @@ def run(problem: DecodeProblem):
         part_lse = cuda.device_array((n_splits, B, H, Lq), dtype=work)
         shared = chunk * (D + Dv) * work.itemsize
         splits[B * Hkv * n_splits, threads, 0, shared](
-            *args, problem.causal, work.type(problem.scale), n_splits, chunk, part_out,
-            part_lse)
+            *args, problem.causal, work.type(problem.scale), n_splits, problem.split_keys(),
+            chunk, part_out, part_lse)
         out_d = cuda.device_array((B, H, Lq, Dv), dtype=kernel_view(out).dtype)
         lse_d = cuda.device_array((B, H, Lq), dtype=work)
         n_rows = B * H * Lq

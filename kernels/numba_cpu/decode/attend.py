@@ -31,9 +31,11 @@ split results are float32, the output is rounded once to the input dtype and lse
 float32.  The cache is never copied.
 
 Each split writes its normalised output and log-sum-exp; a second parallel loop merges
-the splits of each row by log-sum-exp, in split order, so the result is the same from call
-to call for a given number of splits.  With tasks (b, hk, s), B = 1 with one KV head
-(MQA) still fills every thread once the keys are split.
+the splits of each row by log-sum-exp, in split order (empty splits skipped), so the result
+is the same from call to call for a given number of splits; with ``deterministic`` splits of
+a fixed size it depends on neither the thread count nor the batch
+(:meth:`kernels._problems.decode.DecodeProblem.split_keys`).  With tasks (b, hk, s), B = 1
+with one KV head (MQA) still fills every thread once the keys are split.
 
 What is never read: keys and values at positions ``>= seqlens[b]`` (past the new tokens)
 and chunks a mask function's tile test finds empty for every head of the group; a hidden
@@ -147,14 +149,15 @@ def _softmax_update(scores, nk, row_max, row_sum, acc, neg_inf):
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, causal, scale,
-                 n_splits, heads_per_task, part_out, part_lse, task, mask_fn, tile_fn,
-                 mask_args, score_fn, score_args):
+                 n_splits, split_keys, heads_per_task, part_out, part_lse, task, mask_fn,
+                 tile_fn, mask_args, score_fn, score_args):
     """Task ``(b, head group, s)`` of :func:`_decode_splits`: split s of sequence b's keys
     for the query heads of ``heads_per_task`` key/value heads (``kf``, ``vf``: the caches
     flat).  With several heads, each chunk is taken for every head in turn, so that the
     heads' runs of a page, adjacent in memory, are read together; every head's arithmetic
     is the same as alone (the same chunks in the same order), so the result does not depend
-    on ``heads_per_task``."""
+    on ``heads_per_task``.  Split s is keys ``s · per ..``: ``per = split_keys`` where it is
+    fixed (> 0), else ``ceil(seqlens[b] / n_splits)``."""
     _, H, Lq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     ps = k_cache.shape[2]
@@ -173,7 +176,7 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
     hk_lo = ((task // n_splits) % groups) * T
     s = task % n_splits
     n = seqlens[b]
-    per = (n + n_splits - 1) // n_splits
+    per = split_keys if split_keys > 0 else (n + n_splits - 1) // n_splits
     j_lo = min(s * per, n)
     j_hi = min(j_lo + per, n)
     q_all = np.empty((T, R * D), dtype=ct)  # each head's queries, rows r = g·Lq + i
@@ -303,8 +306,8 @@ def _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, cau
 
 @njit(parallel=True, cache=True)
 def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, scale,
-                   n_splits, heads_per_task, part_out, part_lse, mask_fn, tile_fn, mask_args,
-                   score_fn, score_args):
+                   n_splits, split_keys, heads_per_task, part_out, part_lse, mask_fn, tile_fn,
+                   mask_args, score_fn, score_args):
     """part_out[s, b, h, i] (normalised) and part_lse[s, b, h, i] of every split s, in the
     compute dtype (float32 for half bits): a task per (sequence b, group of
     ``heads_per_task`` key/value heads, split s).  The task is a function of its own, not
@@ -317,8 +320,8 @@ def _decode_splits(q, k_cache, v_cache, block_table, seqlens, q_start, causal, s
         # int64: the parallel loop's index is unsigned in the function Numba outlines
         # for it, signed where it types the loop (one compile of the task, not two)
         _decode_task(q, k_cache, v_cache, kf, vf, block_table, seqlens, q_start, causal,
-                     scale, n_splits, heads_per_task, part_out, part_lse, np.int64(task),
-                     mask_fn, tile_fn, mask_args, score_fn, score_args)
+                     scale, n_splits, split_keys, heads_per_task, part_out, part_lse,
+                     np.int64(task), mask_fn, tile_fn, mask_args, score_fn, score_args)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
@@ -384,7 +387,7 @@ def run(problem: DecodeProblem):
         run_user_code(user_names(problem), kernel, bits_view(problem.q),
                       bits_view(problem.k_cache), bits_view(problem.v_cache),
                       problem.block_table, problem.seqlens, problem.q_start, problem.causal,
-                      ct(problem.scale), n_splits, decode_plan.heads_per_task(problem, n_splits),
-                      part_out, part_lse, *mods)
+                      ct(problem.scale), n_splits, problem.split_keys(),
+                      decode_plan.heads_per_task(problem, n_splits), part_out, part_lse, *mods)
         _merge_splits(part_out, part_lse, bits_view(out), lse)
     return out, lse

@@ -1,6 +1,10 @@
 """How the numba decode kernel (:mod:`kernels.numba_cpu.decode.attend`) divides a step into
 parallel tasks: how many key splits per sequence for ``num_splits=0``, and whether a task
-takes one key/value head or every head of its split.  Plain Python, no compiled code."""
+takes one key/value head or every head of its split.  Plain Python, no compiled code.
+
+Only the split count can change a result's bits: ``deterministic=True`` fixes it (and the
+split size) from each sequence's length alone.  :func:`heads_per_task` follows the thread
+count in both modes and changes no bit (each head's arithmetic is the same either way)."""
 
 from __future__ import annotations
 
@@ -32,9 +36,13 @@ def choose_splits(problem: DecodeProblem, threads: int | None = None) -> int:
     """Splits per sequence for ``num_splits=0``: enough tasks for every thread
     (``TASKS_PER_THREAD`` each), at least ``MIN_KEYS_PER_SPLIT`` keys per split; a task
     is a sequence's split for one key/value head, or for all of them where
-    :func:`reads_heads_together`."""
+    :func:`reads_heads_together`.  With ``deterministic`` the splits are
+    :meth:`DecodeProblem.split_keys` keys each (the kernel's ``split_keys``), whatever
+    the threads: as many as the longest sequence needs."""
     if problem.num_splits:
         return problem.num_splits
+    if problem.deterministic:
+        return problem.fixed_splits()
     B, _, Hkv, _, _, _ = problem.shape
     threads = numba.get_num_threads() if threads is None else threads
     longest = int(problem.seqlens.max(initial=0))
