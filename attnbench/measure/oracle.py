@@ -90,15 +90,21 @@ def oracle_runs(problem):
     For a half problem both evaluations run in float32 and round the scores, the weights
     and the output to the half dtype (``round_to``): the half baseline.
     """
+    return _exact_and_plain(reference.run, problem)
+
+
+def _exact_and_plain(run, problem):
+    """``(exact, plain)`` of ``run``, a reference evaluation (``kernels.reference.run`` or
+    its decode twin) that takes ``compute_dtype``, ``keep_precision``, ``scores_from`` and
+    ``round_to``: ``run`` in the oracle dtype, not rounded, and the farther from it of its
+    two evaluations in the problem's dtype (see :func:`oracle_runs`)."""
     wide = oracle_dtype(problem.dtype)
-    exact = reference.run(problem, compute_dtype=wide, keep_precision=True)
+    exact = run(problem, compute_dtype=wide, keep_precision=True)
     plain_dtype = compute_dtype(problem.dtype)  # float32 for half inputs
     round_to = problem.dtype if is_half(problem.dtype) else None
-    blas = reference.run(problem, compute_dtype=plain_dtype, round_to=round_to)
-    rounded = reference.run(problem, compute_dtype=plain_dtype, scores_from=wide,
-                            round_to=round_to)
-    plain = max((blas, rounded), key=lambda run: _baseline_error(exact[0], run[0]))
-    return exact, plain
+    blas = run(problem, compute_dtype=plain_dtype, round_to=round_to)
+    rounded = run(problem, compute_dtype=plain_dtype, scores_from=wide, round_to=round_to)
+    return exact, max((blas, rounded), key=lambda runs: _baseline_error(exact[0], runs[0]))
 
 
 def tolerance(exact: np.ndarray, plain: np.ndarray, dtype) -> float:
@@ -179,12 +185,4 @@ def decode_oracle(problem):
     """
     from attnbench.kernels.reference import decode
 
-    wide = oracle_dtype(problem.dtype)
-    exact = decode.run(problem, compute_dtype=wide, keep_precision=True)
-    plain_dtype = compute_dtype(problem.dtype)  # float32 for half inputs
-    round_to = problem.dtype if is_half(problem.dtype) else None
-    blas = decode.run(problem, compute_dtype=plain_dtype, round_to=round_to)
-    rounded = decode.run(problem, compute_dtype=plain_dtype, scores_from=wide,
-                         round_to=round_to)
-    plain = max((blas, rounded), key=lambda run: _baseline_error(exact[0], run[0]))
-    return exact, plain
+    return _exact_and_plain(decode.run, problem)

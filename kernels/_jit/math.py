@@ -37,36 +37,41 @@ EXACT_MATH = {"nsz", "arcp", "contract"}
 # < 1e-38 (1e-308) next to the row maximum's 1, far below one ulp of the row sum.
 
 
+# The types of a reinterpretation, either way: (Numba type, LLVM type) of the other side.
+_FLOAT_OF_INT = {types.int32: (types.float32, ir.FloatType()),
+                 types.int64: (types.float64, ir.DoubleType())}
+_INT_OF_FLOAT = {types.float32: (types.int32, ir.IntType(32)),
+                 types.float64: (types.int64, ir.IntType(64))}
+
+
+def _bitcast_typing(x, other, convert):
+    """Signature and codegen of an intrinsic that maps ``x`` to its partner in ``other``
+    (:data:`_FLOAT_OF_INT` or :data:`_INT_OF_FLOAT`) by ``convert(builder, value,
+    llvm_type)``; None (no match) for another type."""
+    if x not in other:
+        return None
+    result, llvm_type = other[x]
+
+    def codegen(context, builder, signature, args):
+        return convert(builder, args[0], llvm_type)
+
+    return result(x), codegen
+
+
+def _cast(builder, value, llvm_type):
+    return builder.bitcast(value, llvm_type)
+
+
 @intrinsic
 def _bits_as_float(typingctx, bits):
     """Reinterpret an int32 (int64) as the float32 (float64) with the same bits."""
-    if bits == types.int32:
-        sig, llvm_type = types.float32(bits), ir.FloatType()
-    elif bits == types.int64:
-        sig, llvm_type = types.float64(bits), ir.DoubleType()
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return sig, codegen
+    return _bitcast_typing(bits, _FLOAT_OF_INT, _cast)
 
 
 @intrinsic
 def _float_bits(typingctx, x):
     """Reinterpret a float32 (float64) as the int32 (int64) with the same bits."""
-    if x == types.float32:
-        sig, llvm_type = types.int32(x), ir.IntType(32)
-    elif x == types.float64:
-        sig, llvm_type = types.int64(x), ir.IntType(64)
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return sig, codegen
+    return _bitcast_typing(x, _INT_OF_FLOAT, _cast)
 
 
 _f32 = np.float32
@@ -145,33 +150,15 @@ def _flip_negatives(builder, bits):
 @intrinsic
 def max_key(typingctx, x):
     """An int32 (int64) that orders as the float32 (float64) ``x`` does (see above)."""
-    if x == types.float32:
-        sig, int_type = types.int32(x), ir.IntType(32)
-    elif x == types.float64:
-        sig, int_type = types.int64(x), ir.IntType(64)
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return _flip_negatives(builder, builder.bitcast(args[0], int_type))
-
-    return sig, codegen
+    return _bitcast_typing(x, _INT_OF_FLOAT,
+                           lambda builder, v, t: _flip_negatives(builder, builder.bitcast(v, t)))
 
 
 @intrinsic
 def from_max_key(typingctx, key):
     """The float32 (float64) whose :func:`max_key` is the int32 (int64) ``key``."""
-    if key == types.int32:
-        sig, float_type = types.float32(key), ir.FloatType()
-    elif key == types.int64:
-        sig, float_type = types.float64(key), ir.DoubleType()
-    else:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(_flip_negatives(builder, args[0]), float_type)
-
-    return sig, codegen
+    return _bitcast_typing(key, _FLOAT_OF_INT,
+                           lambda builder, v, t: builder.bitcast(_flip_negatives(builder, v), t))
 
 
 # --- constants in the input's dtype ---------------------------------------------------------

@@ -56,6 +56,18 @@ from .launch import _simulator_lock, check_supported
 from .source import MAX_HEAD_DIM
 
 
+@_device
+def _thread_item(n):
+    """``(block, outer, t0, t1, t)`` of this thread, in a grid that covers the ``n`` items
+    of one axis (keys or query rows) in tiles of ``blockDim.x`` items per thread block:
+    the thread block's index along the other axes (batch x heads), its tile [t0, t1) and
+    this thread's item t (t >= n for the idle threads of the last tile)."""
+    block = cuda.blockDim.x
+    n_tiles = (n + block - 1) // block
+    t0 = (cuda.blockIdx.x % n_tiles) * block
+    return block, cuda.blockIdx.x // n_tiles, t0, min(t0 + block, n), t0 + cuda.threadIdx.x
+
+
 def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=None):
     """``(dkdv_kernel, dq_kernel)`` for ``dtype`` as plain Python functions.
 
@@ -119,14 +131,9 @@ def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=No
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
         group = H // Hkv
-        block = cuda.blockDim.x
-        n_tiles = (Lk + block - 1) // block
-        bhk = cuda.blockIdx.x // n_tiles
+        block, bhk, j0, j1, j = _thread_item(Lk)  # the block's keys are [j0, j1)
         b = bhk // Hkv
         hk = bhk % Hkv
-        j0 = (cuda.blockIdx.x % n_tiles) * block  # the block's keys are [j0, j1)
-        j1 = min(j0 + block, Lk)
-        j = j0 + cuda.threadIdx.x
         if j >= Lk:
             return
         dk_acc = cuda.local.array(MAX_HEAD_DIM, F)
@@ -172,15 +179,10 @@ def _kernel_sources(dtype, mask_fn=None, tile_fn=None, score_fn=None, grad_fn=No
         # dq (B, H, Lq, D); the other arguments as dkdv_kernel's.
         H, Lq, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv, Dv = k.shape[1], v.shape[3]
-        block = cuda.blockDim.x
-        n_tiles = (Lq + block - 1) // block
-        bh = cuda.blockIdx.x // n_tiles
+        block, bh, i0, i1, i = _thread_item(Lq)  # the block's rows are [i0, i1)
         b = bh // H
         h = bh % H
         hk = h // (H // Hkv)
-        i0 = (cuda.blockIdx.x % n_tiles) * block  # the block's rows are [i0, i1)
-        i1 = min(i0 + block, Lq)
-        i = i0 + cuda.threadIdx.x
         if i >= Lq:
             return
         dq_acc = cuda.local.array(MAX_HEAD_DIM, F)
@@ -292,9 +294,9 @@ def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.nd
 
     Parameters
     ----------
-    problem : AttentionProblem
-    dout, out : ndarray, shape (B, H, Lq, Dv)
-    lse : ndarray, shape (B, H, Lq)
+    problem, dout, out, lse
+        As :func:`kernels.numba_cpu.dense.backward.run`'s: the validated problem, the
+        output's gradient and the forward's output and lse.
     block : int, optional
         Threads per block; default ``launch.BLOCK_Q``.
 

@@ -260,27 +260,23 @@ def combine_masks(target: str, op: str, first, second, n_first: int):
 
 
 def combine_tiles(target: str, op: str, first, second, n_first: int):
-    """Tile forms of ``first op second``: conservative (PARTIAL when unsure)."""
+    """Tile forms of ``first op second``: conservative (PARTIAL when unsure).
+
+    "and" and "or" are duals: one child's ``decides`` class (EMPTY for "and", FULL for
+    "or") is the answer, and the other class holds only where both children say it; the
+    second child is not called when the first decides."""
 
     def build():
-        if op == "and":
-            def tile(b, h, i0, i1, j0, j1, args):
-                a = first(b, h, i0, i1, j0, j1, args[:n_first])
-                if a == EMPTY:
-                    return EMPTY
-                c = second(b, h, i0, i1, j0, j1, args[n_first:])
-                if c == EMPTY:
-                    return EMPTY
-                return FULL if a == FULL and c == FULL else PARTIAL
-        else:
-            def tile(b, h, i0, i1, j0, j1, args):
-                a = first(b, h, i0, i1, j0, j1, args[:n_first])
-                if a == FULL:
-                    return FULL
-                c = second(b, h, i0, i1, j0, j1, args[n_first:])
-                if c == FULL:
-                    return FULL
-                return EMPTY if a == EMPTY and c == EMPTY else PARTIAL
+        decides, needs_both = (EMPTY, FULL) if op == "and" else (FULL, EMPTY)
+
+        def tile(b, h, i0, i1, j0, j1, args):
+            a = first(b, h, i0, i1, j0, j1, args[:n_first])
+            if a == decides:
+                return decides
+            c = second(b, h, i0, i1, j0, j1, args[n_first:])
+            if c == decides:
+                return decides
+            return needs_both if a == needs_both and c == needs_both else PARTIAL
         return jit_for(target)(tile)
 
     return memo(("combine_tile", target, op, first, second, n_first), build)

@@ -66,28 +66,40 @@ def _mask_tile_count(mask, start, stride_i, stride_j, rows, cols, neg_inf):
 _SUM_BLOCK = 8
 
 
+@njit(inline="always")
+def _blocked_product(a, b, out, skip_zeros):
+    """out = a · b by loops, (n, m) x (m, p) -> (n, p), in partial sums of :data:`_SUM_BLOCK`
+    terms; with ``skip_zeros`` (a constant at each call: its branch is folded away) the
+    terms of a zero entry of ``a`` are left out, so the row of ``b`` it would scale is
+    never read.  Inlined: it compiles with its caller's fastmath flags."""
+    n, m = a.shape
+    part = np.empty(out.shape[1], dtype=out.dtype)
+    for r in range(n):
+        out_row = out[r]
+        out_row[:] = 0
+        for t0 in range(0, m, _SUM_BLOCK):
+            part[:] = 0
+            for t in range(t0, min(t0 + _SUM_BLOCK, m)):
+                x = a[r, t]
+                if skip_zeros and x == 0:
+                    continue
+                b_row = b[t]
+                for c in range(part.shape[0]):
+                    part[c] += x * b_row[c]
+            for c in range(part.shape[0]):
+                out_row[c] += part[c]
+
+
 @njit(cache=True, fastmath=FASTMATH)
 def _scores_by_loops(q_blk, k_tile, s):
     """s = q_blk · k_tileᵀ without a BLAS: (n, D) x (m, D) -> (n, m)."""
-    n, D = q_blk.shape
+    D = q_blk.shape[1]
     m = k_tile.shape[0]
     kt = np.empty((D, m), dtype=k_tile.dtype)  # keys along the fast axis: vectorises over keys
     for j in range(m):
         for d in range(D):
             kt[d, j] = k_tile[j, d]
-    part = np.empty(m, dtype=s.dtype)
-    for r in range(n):
-        s_row = s[r]
-        s_row[:] = 0
-        for d0 in range(0, D, _SUM_BLOCK):
-            part[:] = 0
-            for d in range(d0, min(d0 + _SUM_BLOCK, D)):
-                a = q_blk[r, d]
-                kt_row = kt[d]
-                for j in range(m):
-                    part[j] += a * kt_row[j]
-            for j in range(m):
-                s_row[j] += part[j]
+    _blocked_product(q_blk, kt, s, False)
 
 
 @njit(cache=True, fastmath=FASTMATH)
@@ -98,22 +110,7 @@ def _values_by_loops(p, v_tile, o):
     never read and the sum over the others does not depend on what it holds: NaN stored
     there leaves the result bit-identical.
     """
-    n, m = p.shape
-    part = np.empty(o.shape[1], dtype=o.dtype)
-    for r in range(n):
-        o_row = o[r]
-        o_row[:] = 0
-        for j0 in range(0, m, _SUM_BLOCK):
-            part[:] = 0
-            for j in range(j0, min(j0 + _SUM_BLOCK, m)):
-                a = p[r, j]
-                if a == 0:
-                    continue
-                v_row = v_tile[j]
-                for d in range(part.shape[0]):
-                    part[d] += a * v_row[d]
-            for d in range(part.shape[0]):
-                o_row[d] += part[d]
+    _blocked_product(p, v_tile, o, True)
 
 
 @njit(cache=True)
