@@ -10,6 +10,7 @@ from . import multihead
 from ._api.dense import attention, attention_backward
 from ._api.varlen import attention_varlen, attention_varlen_backward
 from ._dtypes import SUPPORTED_DTYPES, as_dtype, compute_dtype
+from ._problems.checks import check_deterministic
 
 
 def _positive_int(name, value):
@@ -95,7 +96,8 @@ class MultiHeadAttention:
         return int(sum(p.size for p in self._params.values()))
 
     def forward(self, x, *, causal=None, mask=None, key_lengths=None, score_mod=None,
-                mask_mod=None, backend="auto", cache=None, cu_seqlens=None):
+                mask_mod=None, backend="auto", cache=None, cu_seqlens=None,
+                deterministic=False):
         """Self-attention of ``x``; with ``cache``, one decode step against a KV cache.
 
         Parameters
@@ -116,11 +118,16 @@ class MultiHeadAttention:
             ``x`` is a packed batch of sequences (:func:`kernels.attention_varlen`):
             sequence b is rows ``cu_seqlens[b]:cu_seqlens[b + 1]``; no ``mask`` or
             ``key_lengths`` then.
+        deterministic : bool, default False
+            With ``cache``, as :func:`kernels.attention_with_kvcache`'s (a split size
+            fixed by the problem, not the thread count).  Without, the forward's bits do
+            not depend on the thread count anyway: checked, then ignored.
 
         Returns
         -------
         ndarray, shape (..., L, d_model)
         """
+        deterministic = check_deterministic(deterministic)
         x = np.asarray(x)
         if x.dtype != self.dtype:
             raise TypeError(
@@ -136,7 +143,7 @@ class MultiHeadAttention:
                                  "cache's seqlens say which keys exist)")
             return self._decode_step(x, cache, causal=True if causal is None else causal,
                                      score_mod=score_mod, mask_mod=mask_mod, backend=backend,
-                                     sinks=sinks)
+                                     sinks=sinks, deterministic=deterministic)
         causal = False if causal is None else causal
         if cu_seqlens is not None:
             q, k, v = self._packed_heads(x, mask, key_lengths)
@@ -180,7 +187,7 @@ class MultiHeadAttention:
         return multihead.project(multihead.merge_heads(heads), p, "o")
 
     def backward(self, x, dy, *, causal=False, mask=None, key_lengths=None, score_mod=None,
-                 mask_mod=None, backend="auto", cu_seqlens=None):
+                 mask_mod=None, backend="auto", cu_seqlens=None, deterministic=False):
         """Gradients of ``sum(dy * forward(x, ...))`` with respect to x and every parameter.
 
         Recomputes the forward (projections, then attention with its log-sum-exp) and runs
@@ -197,6 +204,10 @@ class MultiHeadAttention:
         causal, mask, key_lengths, score_mod, mask_mod, backend, cu_seqlens
             The keywords ``forward`` was called with (a score function needs its
             derivative, as in :func:`kernels.attention_backward`).
+        deterministic : bool, default False
+            As :func:`kernels.attention_backward`'s: gradients whose bits do not depend on
+            the thread count.  With ``cu_seqlens`` the packed backward is so already:
+            checked, then ignored.
 
         Returns
         -------
@@ -215,6 +226,7 @@ class MultiHeadAttention:
             raise ValueError(f"x must have shape (..., L, d_model={self.d_model}); got {x.shape}")
         if dy.shape != x.shape:
             raise ValueError(f"dy must have the shape of forward(x), {x.shape}; got {dy.shape}")
+        deterministic = check_deterministic(deterministic)
         params = self._params
         H, Hkv = self.n_heads, self.n_kv_heads
         keywords = dict(causal=causal, score_mod=score_mod, mask_mod=mask_mod, backend=backend)
@@ -242,7 +254,8 @@ class MultiHeadAttention:
             heads, lse = attention(q, k, v, return_lse=True, **keywords)  # (..., H, L, d_head)
             concat = multihead.merge_heads(heads)  # (..., L, H*d_head)
             d_heads = multihead.split_heads(product(dy, params["W_o"].T).astype(x.dtype), H)
-            dqkv = attention_backward(q, k, v, d_heads, out=heads, lse=lse, **keywords)
+            dqkv = attention_backward(q, k, v, d_heads, out=heads, lse=lse,
+                                      deterministic=deterministic, **keywords)
             merge = multihead.merge_heads
 
         rows = x.reshape(-1, self.d_model)  # (N, d_model), N = all tokens

@@ -16,6 +16,7 @@ from .._problems.checks import (
     check_attention_args,
     check_backend,
     check_backward_args,
+    check_deterministic,
     check_mods,
 )
 from .._problems.dense import AttentionProblem, multiply_adds
@@ -269,7 +270,7 @@ def compiled_forms() -> dict:
 
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=None,
                        key_lengths=None, scale=None, dropout_p=0.0, seed=None, backend="auto",
-                       score_mod=None, mask_mod=None, sinks=None):
+                       score_mod=None, mask_mod=None, sinks=None, deterministic=False):
     """Gradients of ``sum(dout * attention(q, k, v, ...))`` with respect to q, k and v.
 
     Parameters
@@ -297,6 +298,18 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     sinks : ndarray, shape (H,), optional
         As in :func:`kernels.attention`; ``out`` and ``lse`` must then be the forward's
         with the same sinks.
+    deterministic : bool, default False
+        Split the numba backward's work by the problem alone, as ``deterministic`` of
+        :func:`kernels.attention_with_kvcache` fixes the decode split size: the key blocks
+        of fewer (batch, kv head) pairs than
+        ``kernels.numba_cpu.config.BACKWARD_DETERMINISTIC_TASKS`` (8) are split into
+        enough chunks for that many tasks, so dq's bits do not depend on the thread count
+        (``False``: the chunks follow the thread count, two tasks per thread, and dq, the
+        sum of the chunks' parts, changes bits with it; dk and dv do not).  The bits still
+        depend on the number of (batch, kv head) pairs, i.e. on the batch.  The reference
+        and cuda backends are deterministic already and ignore it: the cuda kernels give
+        each dq row and each key's dk and dv to one GPU thread, which sums in a fixed
+        order, without atomics.
 
     Returns
     -------
@@ -321,8 +334,9 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     ------
     TypeError, ValueError
         As :func:`kernels.attention`; also a ``dout``, ``out`` or ``lse`` of the wrong
-        shape or dtype (the message names the argument), and a user ``score_mod`` without
-        a derivative (ValueError naming the function).
+        shape or dtype (the message names the argument), a ``deterministic`` that is not a
+        bool (TypeError), and a user ``score_mod`` without a derivative (ValueError naming
+        the function).
 
     Examples
     --------
@@ -335,11 +349,13 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, mask=
     ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8))
     """
     backend = check_backend(backend)
+    deterministic = check_deterministic(deterministic)
     problem = check_attention_args(
         q, k, v, causal=causal, mask=mask, key_lengths=key_lengths, scale=scale,
         dropout_p=dropout_p, seed=seed,
     )
     problem = check_mods(problem, score_mod=score_mod, mask_mod=mask_mod)
+    problem = replace(problem, deterministic=deterministic)
     if problem.score_mod is not None:
         problem.score_mod.grad("cpu", compute_dtype(problem.dtype))  # ValueError if it has none
     sinks = check_sinks(sinks, problem.shape[1], problem.dtype)

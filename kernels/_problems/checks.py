@@ -226,6 +226,15 @@ def check_dropout(dropout_p, seed) -> tuple[float, int]:
     return dropout_p, seed
 
 
+def check_deterministic(deterministic) -> bool:
+    """``deterministic`` as a bool (a NumPy bool too); TypeError naming it otherwise.  The
+    one check of the argument, for :func:`kernels.attention_with_kvcache` and
+    :func:`kernels.attention_backward`."""
+    if not isinstance(deterministic, bool | np.bool_):
+        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__}")
+    return bool(deterministic)
+
+
 def check_options(q_shape: tuple, k_shape: tuple, dtype: np.dtype, *, causal=False, mask=None,
                   key_lengths=None, scale=None, dropout_p=0.0, seed=None,
                   return_weights=False) -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._dtypes import SUPPORTED_DTYPES, compute_dtype
 from .arrays import as_numpy, require_dtype, require_integers, wrong_shape
-from .checks import _check_scale
+from .checks import _check_scale, check_deterministic
 from .decode import DecodeProblem
 from .sinks import check_sinks
 
@@ -141,8 +141,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         raise TypeError(f"num_splits must be an int; got {type(num_splits).__name__}")
     if num_splits < 0:
         raise ValueError(f"num_splits must be >= 0 (0 chooses); got {num_splits}")
-    if not isinstance(deterministic, bool | np.bool_):
-        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__}")
+    deterministic = check_deterministic(deterministic)
     score, mask = _check_mods(score_mod, mask_mod, B, H, capacity, dtype)
     if (score is not None or mask is not None) and seqlens.size and (seqlens < Lq).any():
         b = int(np.argmin(seqlens - Lq))
@@ -153,7 +152,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         q=np.ascontiguousarray(q), k_cache=k_cache, v_cache=v_cache, block_table=table,
         seqlens=seqlens, causal=causal, scale=_check_scale(scale, D), num_splits=int(num_splits),
         score_mod=score, mask_mod=mask, paged=block_table is not None,
-        sinks=check_sinks(sinks, H, dtype), deterministic=bool(deterministic))
+        sinks=check_sinks(sinks, H, dtype), deterministic=deterministic)
     return problem, k, v, lengths
 
 

@@ -48,6 +48,7 @@ class AttentionProblem:
     score_mod: object = None  # kernels.mods.ScoreMod applied to the scaled scores, or None
     mask_mod: object = None  # kernels.mods.MaskMod (True = attend), or None
     sinks: np.ndarray | None = None  # (H,) sink logits in q.dtype (_problems.sinks), or None
+    deterministic: bool = False  # backward: its work split by the problem, not the threads
 
     @property
     def work(self) -> int:

@@ -43,6 +43,15 @@ BACKWARD_BLOCK_Q = 128
 BACKWARD_BLOCK_K = 64
 #: Problems with fewer multiply-adds than this run on the calling thread.
 BACKWARD_SERIAL_WORK_LIMIT = 1 << 20
+#: Tasks that ``deterministic=True`` aims at, in place of two per thread (see
+#: :func:`kernels.numba_cpu.dense.backward.key_chunks`): the key blocks of fewer (batch, kv
+#: head) pairs than this are split into chunks, so dQ is summed in an order fixed by the
+#: problem alone.  8, the split the default makes on four threads (which then gives the same
+#: bits): one pair still gets eight tasks (four for each thread of two, two for each of
+#: four), two pairs four chunks each, and the dQ parts (chunks x pairs of them, each
+#: group x Lq x D) stay under sixteen of one pair's dQ.  More threads than eight find idle
+#: ones on so few pairs: the price of bits that do not depend on the thread count.
+BACKWARD_DETERMINISTIC_TASKS = 8
 
 # --- the tile products ------------------------------------------------------------------------
 

@@ -12,8 +12,10 @@ query blocks that can see the keys, and per (query block, key block) tile recomp
 
 so that dK and dV of a key block are finished by the task that owns it (no write race),
 and dQ is added in place by that same task (one chunk) or into a per-chunk copy summed at
-the end (C chunks).  Five GEMMs per tile, the FLOP count of the formula (2.5 x the
-forward); working memory is O(block_q · block_k) per task, no L x L array.  Scale is
+the end (C chunks).  C sets the order of dQ's sums, so dQ's bits follow it: with
+``deterministic`` C comes from the problem alone (:func:`key_chunks`), not from the
+threads.  dK and dV never depend on C.  Five GEMMs per tile, the FLOP count of the formula
+(2.5 x the forward); working memory is O(block_q · block_k) per task, no L x L array.  Scale is
 applied once at the end (dQ, dK).
 
 What is never read, as in the forward kernel (:mod:`kernels.numba_cpu`): key blocks past
@@ -182,13 +184,18 @@ KERNELS_WITH_USER_MODS = (njit(parallel=True)(_backward_parallel), njit(_backwar
 
 def key_chunks(problem: AttentionProblem, threads: int) -> int:
     """How many chunks the key blocks of each (batch, kv head) are split into: 1 when there
-    are at least two such pairs per thread, else enough for two tasks per thread."""
+    are at least two such pairs per thread, else enough for two tasks per thread.
+
+    With ``problem.deterministic`` the aim is ``config.BACKWARD_DETERMINISTIC_TASKS`` tasks
+    whatever ``threads`` is: the count, and so the order in which dQ's parts are summed,
+    depends only on the problem, and the bits do not change with the thread count."""
     B, _, Hkv, _, Lk, _, _ = problem.shape
     pairs = B * Hkv
-    if pairs >= 2 * threads:
+    tasks = config.BACKWARD_DETERMINISTIC_TASKS if problem.deterministic else 2 * threads
+    if pairs >= tasks:
         return 1
     n_blocks = max(-(-Lk // config.BACKWARD_BLOCK_K), 1)
-    return max(1, min(-(-2 * threads // pairs), n_blocks))
+    return max(1, min(-(-tasks // pairs), n_blocks))
 
 
 def run(problem: AttentionProblem, dout: np.ndarray, out: np.ndarray, lse: np.ndarray, *,
