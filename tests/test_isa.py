@@ -64,6 +64,7 @@ def test_an_avx2_target_is_seen_as_one_on_any_machine(tmp_path):
     assert forms["target"].startswith("haswell (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES): avx2, "
                                       "16 x 256-bit")
     assert forms["bfloat16_products"] == "emulated"
+    assert forms["micro_blocks"] == {"float32": ["6x16", "4x24"], "float64": ["6x8", "4x12"]}
 
 
 def test_ci_compiles_for_the_same_avx2_target():

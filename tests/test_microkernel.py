@@ -7,10 +7,12 @@ Small tiles (8 query rows per task, keys in tiles of one or two panels) make tin
 cross every boundary: row tails of the register block (Lq not a multiple of ``mr``), key
 tails of a panel (Lk, key lengths and the causal cut not multiples of ``nr``), value
 widths that are not a multiple of ``nr`` (padded lanes), GQA, both causal alignments,
-rows that see no key, and non-finite keys and values where they are hidden.  Each dtype
-compiles its default register block only (each compilation costs seconds).  float16 and
-bfloat16 inputs take float32's block (their bits widened as K, V and Q are packed) and the
-half tolerance rule.
+rows that see no key, and non-finite keys and values where they are hidden.  Every
+register block the planner may choose on any target (:func:`micro.register_blocks` of
+AVX-512's 32 registers of 512 bits and AVX2's 16 of 256: ``nr`` not a power of two,
+``mr`` = 6) runs on whatever target this process compiles for, so one machine checks them
+all.  float16 and bfloat16 inputs take float32's blocks (their bits widened as K, V and Q
+are packed) and the half tolerance rule.
 """
 
 import ml_dtypes
@@ -24,13 +26,26 @@ from attnbench.measure.oracle import tolerance
 
 from .support import COMPARISONS, max_error, oracle
 
-#: The default block of each dtype (8 x 16 and 4 x 16: row tails of 8 and of 4).
+#: The vector register files the planner has blocks for: AVX-512's and AVX2's.
+TARGETS = {"avx512": (512, 32), "avx2": (256, 16)}
+#: Every block of every dtype on every target, the target's default first.
+BLOCKS = list(dict.fromkeys(
+    (dtype.type, block) for bits, registers in TARGETS.values()
+    for dtype, blocks in mk.register_blocks(bits, registers).items() for block in blocks))
+#: The default block of each dtype on this target.
 CONFIGS = [(np.float32, mk.CONFIGS[np.dtype(np.float32)][0]),
            (np.float64, mk.CONFIGS[np.dtype(np.float64)][0])]
-#: ... and the half dtypes, on float32's block.
-WITH_HALF = CONFIGS + [pytest.param(dtype, mk.CONFIGS[np.dtype(np.float32)][0], id=name)
-                       for dtype, name in ((np.float16, "float16"),
-                                           (ml_dtypes.bfloat16, "bfloat16"))]
+
+
+def _param(dtype, block, name=None):
+    return pytest.param(dtype, block, id=f"{name or np.dtype(dtype).name}-{block[0]}x{block[1]}")
+
+
+#: ... and the half dtypes, on every float32 block.
+WITH_HALF = [_param(*case) for case in BLOCKS] + [
+    _param(dtype, block, name) for dtype, name in ((np.float16, "float16"),
+                                                  (ml_dtypes.bfloat16, "bfloat16"))
+    for f32, block in BLOCKS if f32 is np.float32]
 
 
 def _inputs(dtype, B, H, Hkv, Lq, Lk, D, Dv, seed=0):
@@ -111,36 +126,41 @@ def test_visible_nan_makes_its_row_nan(dtype, config):
     assert np.isfinite(np.delete(got[0, 0], 4, axis=0)).all()
 
 
-def test_tile_product_is_a_register_block():
-    """The micro-kernel alone: c (+)= a · b on offsets and strides, float64 exact enough."""
+@pytest.mark.parametrize("mr, nr", [(3, 8), (6, 12), (4, 24)])
+def test_tile_product_is_a_register_block(mr, nr):
+    """The micro-kernel alone: c (+)= a · b on offsets and strides, float64 exact enough,
+    also where ``nr`` is not a power of two."""
     import numba
 
-    mr, nr, depth = 3, 8, 5
+    depth, lda, ldb, ldc = 5, 7, nr + 1, nr + 2
     rng = np.random.default_rng(1)
-    a, b = rng.standard_normal(4 + 2 * 7 + depth + 1), rng.standard_normal(2 + depth * 9 + nr)
-    c = rng.standard_normal(1 + 2 * 10 + nr + 3)
+    a = rng.standard_normal(4 + (mr - 1) * lda + depth + 1)
+    b = rng.standard_normal(2 + depth * ldb + nr)
+    c = rng.standard_normal(1 + (mr - 1) * ldc + nr + 3)
 
     @numba.njit
     def run(a, b, c, accumulate):
         if accumulate:
-            tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, True)
+            tile_product(a, 4, lda, b, 2, ldb, c, 1, ldc, depth, mr, nr, True)
         else:
-            tile_product(a, 4, 7, b, 2, 9, c, 1, 10, depth, 3, 8, False)
-    A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (56, 8))
-    B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (72, 8))
+            tile_product(a, 4, lda, b, 2, ldb, c, 1, ldc, depth, mr, nr, False)
+    A = np.lib.stride_tricks.as_strided(a[4:], (mr, depth), (8 * lda, 8))
+    B = np.lib.stride_tricks.as_strided(b[2:], (depth, nr), (8 * ldb, 8))
+    cells = 1 + np.arange(mr)[:, None] * ldc + np.arange(nr)
     before = c.copy()
+    # Fused multiply-adds in order: within depth rounding errors of each term's size.
+    bound = 2 * depth * np.finfo(np.float64).eps * (np.abs(before[cells]) + np.abs(A) @ np.abs(B))
     run(a, b, c, True)
-    C = np.lib.stride_tricks.as_strided(c[1:], (mr, nr), (80, 8))
-    np.testing.assert_allclose(C, before[1:1 + 2 * 10 + nr].reshape(-1)[
-        np.arange(mr)[:, None] * 10 + np.arange(nr)] + A @ B, rtol=1e-13)
+    assert np.all(np.abs(c[cells] - (before[cells] + A @ B)) <= bound)
     untouched = np.ones(c.size, bool)
-    untouched[1 + np.arange(mr)[:, None] * 10 + np.arange(nr)] = False
+    untouched[cells] = False
     assert np.array_equal(c[untouched], before[untouched])
     run(a, b, c, False)
-    np.testing.assert_allclose(C, A @ B, rtol=1e-13)
+    assert np.all(np.abs(c[cells] - A @ B) <= bound)
+    assert np.array_equal(c[untouched], before[untouched])
 
 
-@pytest.mark.parametrize("dtype, config", CONFIGS)
+@pytest.mark.parametrize("dtype, config", [_param(*case) for case in BLOCKS])
 def test_lse_as_the_numba_backend(dtype, config):
     """``run`` gives the log-sum-exp the numba backend's return_lse gives (-inf: no key)."""
     from attnbench import kernels
@@ -182,3 +202,15 @@ def test_later_calls_skip_the_literal_dispatch(monkeypatch):
     monkeypatch.setattr(mk, "_kernel", Spy())
     assert np.array_equal(mk.attention(q, k, v, config=config, block_q=8), first)
     assert dispatched == []
+
+
+@pytest.mark.parametrize("dtype, block_k", [(np.float32, 96), (np.float64, 48)])
+def test_blocks_of_one_tile_size_give_the_same_bits(dtype, block_k):
+    """A block changes which elements are computed together, never an element's order of
+    operations: every block of every target, on tiles of one size, gives the same bits."""
+    q, k, v = _inputs(dtype, 1, 4, 2, 50, 203, 8, 12)
+    blocks = [block for f, block in BLOCKS if f is dtype]
+    for causal in (False, True):
+        first, *others = (mk.attention(q, k, v, config=block, block_k=block_k, causal=causal)
+                          for block in blocks)
+        assert all(np.array_equal(first, other) for other in others)

@@ -16,6 +16,7 @@ from attnbench.kernels import stats
 from attnbench.kernels.numba_cpu import planner as mp
 
 F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
 
 
 @pytest.fixture
@@ -102,6 +103,25 @@ def test_unwritable_location_falls_back_to_the_user_cache_then_memory(
     planner["medians"] = [[1.0, 3.0, 2.0]]
     assert mp.plan(np.float32) == (4, 32) and planner["timed"] == 2
     assert mp.plan(np.float32) == (4, 32) and planner["timed"] == 2
+
+
+def test_candidates_follow_the_target_vector_registers():
+    """AVX-512 (32 x 512 bits) keeps its blocks; AVX2 (16 x 256) gets blocks whose
+    accumulators leave registers for the B loads and a broadcast; this process plans
+    among its own target's."""
+    from attnbench.kernels._jit import isa
+    from attnbench.kernels.numba_cpu.dense import micro
+
+    assert micro.register_blocks(512, 32) == {F32: ((8, 16), (4, 32)), F64: ((4, 16), (8, 8))}
+    avx2 = micro.register_blocks(256, 16)
+    assert avx2 == {F32: ((6, 16), (4, 24)), F64: ((6, 8), (4, 12))}
+    for dtype, blocks in avx2.items():
+        lanes = 256 // (8 * dtype.itemsize)
+        for mr, nr in blocks:
+            assert nr % lanes == 0 and mr * nr // lanes + nr // lanes + 1 <= 16
+    here = isa.target()
+    assert micro.CONFIGS == micro.register_blocks(here.vector_bits, here.vector_registers)
+    assert mp.CONFIGS is micro.CONFIGS
 
 
 @pytest.mark.parametrize("n, k", [(6, 1), (9, 2), (20, 6)])

@@ -1,8 +1,11 @@
 """The micro-kernel path's planner, and its choices persisted ("wisdom", as FFTW says).
 
-:func:`plan` picks the register block of :data:`kernels.numba_cpu.dense.micro.CONFIGS`,
-:func:`choice` whether that block beats the BLAS tile kernel; both time one thread by CPU
-time and persist what they chose.
+:func:`plan` picks the register block of :data:`kernels.numba_cpu.dense.micro.CONFIGS`
+(the candidates for the vector registers of the target Numba compiles for:
+:func:`kernels.numba_cpu.dense.micro.register_blocks`), :func:`choice` whether that block
+beats the BLAS tile kernel; both time one thread by CPU time and persist what they chose.
+Forcing a replan: delete the entry (or the file) in every location :func:`locations`
+lists, or point ``NUMBA_CACHE_DIR`` at a new directory where the per-user one has none.
 
 A choice is stored per key (the CPU name and features Numba compiles for, and the dtype)
 in one small JSON file, ``microkernel-plan.json``, next to Numba's on-disk cache: in

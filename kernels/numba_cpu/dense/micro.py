@@ -45,22 +45,44 @@ import numpy as np
 from numba import literally, njit, prange, types
 
 from ..._dtypes import bits_dtype, bits_view, compute_dtype, is_half
+from ..._jit import isa
 from ..._jit.half import compute_dtype_of, narrow, widen
 from ..._jit.launch import launch_guard
 from ..._jit.math import FASTMATH, fast_exp, float_constants, from_max_key, max_key
 from ..._problems.checks import check_attention_args
 from ..products.intrinsics import SUM_LANES, ordered_sum, tile_product
 
-__all__ = ["CONFIGS", "attention", "run"]
+__all__ = ["CONFIGS", "REGISTER_BLOCKS", "attention", "register_blocks", "run"]
 
-#: Register-block shapes ``(mr, nr)`` tried per dtype (rows x lanes of accumulators); the
-#: first is the default.  Two per dtype: the four measured in docs/gemm-floor.md were within
-#: 8% of each other, and each candidate costs the planner a compilation (~8 s).
-CONFIGS = {
-    np.dtype(np.float32): ((8, 16), (4, 32)),
-    np.dtype(np.float64): ((4, 16), (8, 8)),
+#: Register blocks per vector register file and dtype, as ``(rows, vectors)``: ``rows``
+#: accumulator rows of ``vectors`` full registers each (``nr = vectors · lanes``).  With 32
+#: registers (AVX-512, 16 float32 lanes): 8 accumulators, the shapes measured in
+#: docs/gemm-floor.md.  With 16 (AVX2, 8 lanes): 12 accumulators, which leave a broadcast
+#: and the B loads their registers, as BLIS's and OpenBLAS's Haswell kernels (6 x 16, and
+#: 4 x 24); 8 x 16 there would need all 16 for accumulators.  The first is the default:
+#: 6 x 16 keeps 8 x 16's tiles (``BLOCK_K`` and the value padding unrounded), so its
+#: results are the same bits.
+REGISTER_BLOCKS = {
+    32: {np.dtype(np.float32): ((8, 1), (4, 2)), np.dtype(np.float64): ((4, 2), (8, 1))},
+    16: {np.dtype(np.float32): ((6, 2), (4, 3)), np.dtype(np.float64): ((6, 2), (4, 3))},
 }
-#: Query rows per task and keys per tile (a multiple of every ``nr`` above).
+
+
+def register_blocks(vector_bits: int, vector_registers: int) -> dict:
+    """``{dtype: ((mr, nr), ...)}``: the blocks the planner tries for a target whose
+    ``vector_registers`` registers hold ``vector_bits`` bits (the first: the default).
+    Fewer than 32 registers take the 16-register shapes."""
+    table = REGISTER_BLOCKS[32 if vector_registers >= 32 else 16]
+    return {dtype: tuple((rows, vectors * vector_bits // (8 * dtype.itemsize))
+                         for rows, vectors in blocks) for dtype, blocks in table.items()}
+
+
+_TARGET = isa.target()
+#: Register-block shapes ``(mr, nr)`` tried per dtype on the target Numba compiles for
+#: (:func:`kernels._jit.isa.target`; rows x lanes of accumulators); the first is the
+#: default.  Two per dtype: each candidate costs the planner a compilation (~8 s).
+CONFIGS = register_blocks(_TARGET.vector_bits, _TARGET.vector_registers)
+#: Query rows per task and keys per tile (rounded up to a multiple of ``nr``).
 BLOCK_Q = 64
 BLOCK_K = 256
 #: Key heads per Numba thread from which :func:`run` fuses packing into the task loop.

@@ -151,28 +151,42 @@ def tile_product(typingctx, a, a0, lda, b, b0, ldb, c, c0, ldc, depth, mr, nr, a
 
 
 def _product_codegen(mr, nr, accumulate, context, builder, signature, args):
-    """LLVM IR of :func:`tile_product` for one register block."""
+    """LLVM IR of :func:`tile_product` for one register block.
+
+    Each row of ``nr`` lanes is held as ``nr / w`` vectors of ``w`` lanes, ``w`` the largest
+    power of two dividing ``nr``: LLVM splits a power-of-two vector into whole registers,
+    but legalises ``<24 x float>`` lane by lane (inserts and extracts around every
+    operation).  The arithmetic is per lane either way, so the split leaves the bits."""
     i64 = ir.IntType(64)
+    width = nr & -nr
+    parts = range(nr // width)
     lda_, ldb_, ldc_, depth_ = _int64_args(context, builder, signature, args, (2, 5, 8, 9))
     vec, align, pa, pb, pc, load_b, fmuladd = _operands(context, builder, signature, args, 6,
-                                                         nr)
-    rows_c = [builder.bitcast(builder.gep(pc, [builder.mul(ldc_, ir.Constant(i64, r))]),
-                              vec.as_pointer()) for r in range(mr)]
+                                                         width)
+
+    def at(base, ld, r, k):  # element r·ld + k·width of ``base`` (``r`` an int or a value)
+        r = r if isinstance(r, ir.Value) else ir.Constant(i64, r)
+        return builder.gep(base, [builder.add(builder.mul(ld, r), ir.Constant(i64, k * width))])
+
+    rows_c = [builder.bitcast(at(pc, ldc_, r, k), vec.as_pointer())
+              for r in range(mr) for k in parts]
     initial = [builder.load(row, align=align) for row in rows_c] if accumulate else None
-    accs = _accumulators(builder, vec, mr, initial)
+    accs = _accumulators(builder, vec, len(rows_c), initial)  # row r, part k: r·parts + k
     rows_a = [builder.gep(pa, [builder.mul(lda_, ir.Constant(i64, r))]) for r in range(mr)]
-    lanes = ir.Constant(ir.VectorType(ir.IntType(32), nr), [0] * nr)
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
     undef = ir.Constant(vec, ir.Undefined)
     with cgutils.for_range(builder, depth_) as loop:
         t = loop.index
-        bv = load_b(builder.gep(pb, [builder.mul(t, ldb_)]))
+        bvs = [load_b(at(pb, ldb_, t, k)) for k in parts]
         for r in range(mr):
             x = builder.load(builder.gep(rows_a[r], [t]))
             xs = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
             xs = builder.shuffle_vector(xs, undef, lanes)
-            builder.store(builder.call(fmuladd, [xs, bv, builder.load(accs[r])]), accs[r])
-    for r in range(mr):
-        builder.store(builder.load(accs[r]), rows_c[r], align=align)
+            for k, bv in zip(parts, bvs, strict=True):
+                acc = accs[r * len(parts) + k]
+                builder.store(builder.call(fmuladd, [xs, bv, builder.load(acc)]), acc)
+    for row, acc in zip(rows_c, accs, strict=True):
+        builder.store(builder.load(acc), row, align=align)
     return context.get_dummy_value()
 
 
