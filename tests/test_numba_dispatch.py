@@ -159,12 +159,14 @@ def test_a_stored_choice_is_read_once_and_a_miss_remembered(monkeypatch, tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
     monkeypatch.setattr(_microplan, "_CHOICES", {})
     monkeypatch.setattr(_microplan, "_PLANS", {})
+    block = _microkernel.CONFIGS[F32][1]  # a block of this target's, not the default
     assert _microplan.stored_choice(F32) is None
-    _microplan.store(_microplan.machine_key("float32"), {"plan": [4, 32], "choice": [4, 32]})
+    _microplan.store(_microplan.machine_key("float32"), {"plan": list(block),
+                                                         "choice": list(block)})
     assert _microplan.stored_choice(F32) is None  # the miss is remembered in this process
     _microplan._CHOICES.clear()  # a new process reads the file
-    assert _microplan.stored_choice(F32) == (4, 32)
-    assert _microplan.record([F32]) == {"float32": "4x32"}
+    assert _microplan.stored_choice(F32) == block
+    assert _microplan.record([F32]) == {"float32": "{}x{}".format(*block)}
 
 
 def test_plan_chooses_each_dtype_and_reports_it(monkeypatch):
