@@ -103,7 +103,7 @@ class KVCache:
                 raise TypeError(f"{name} has dtype {x.dtype}; the cache holds {self.dtype}")
             if x.ndim != 4 or x.shape[:2] != (B, Hkv) or x.shape[3] != last:
                 raise wrong_shape(name, x.shape, f"({B}, {Hkv}, Lnew, "
-                                 f"{last})")
+                                  f"{last})")
         if k.shape[2] != v.shape[2]:
             raise ValueError(f"k and v hold different numbers of tokens: {k.shape}, {v.shape}")
         Lnew = k.shape[2]

@@ -101,7 +101,7 @@ def merge_attention_states(outs, lses):
     lses = _as_stack("lses", lses)
     if is_half(outs.dtype) and lses.dtype != np.float32:
         raise wrong_dtype("lses", lses.dtype, f"float32 for outs of dtype "
-                        f"{outs.dtype} (the lse a half call returns)")
+                          f"{outs.dtype} (the lse a half call returns)")
     if not is_half(outs.dtype) and outs.dtype != lses.dtype:
         raise TypeError(f"outs and lses must share one dtype; got outs {outs.dtype}, "
                         f"lses {lses.dtype}")
@@ -109,7 +109,7 @@ def merge_attention_states(outs, lses):
         raise ValueError(f"outs must have shape (S, ..., Lq, Dv) with S >= 1; got {outs.shape}")
     if lses.shape != outs.shape[:-1]:
         raise wrong_shape("lses", lses.shape, f"{outs.shape[:-1]} (outs' shape "
-                         f"{outs.shape} without its last dim)")
+                          f"{outs.shape} without its last dim)")
     wide = lses.astype(np.float64)  # (S, ..., Lq)
     with np.errstate(invalid="ignore"):
         top = wide.max(axis=0)  # (..., Lq); -inf where every part is empty

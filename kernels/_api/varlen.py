@@ -45,7 +45,7 @@ def _check_cu_seqlens(name: str, cu, total: int, n_seq: int | None) -> np.ndarra
         raise wrong_shape(name, cu.shape, "(B + 1,) offsets")
     if n_seq is not None and cu.shape[0] != n_seq + 1:
         raise wrong_shape(name, cu.shape, f"({n_seq + 1},), the length "
-                         "of cu_seqlens_q (one sequence of queries per sequence of keys)")
+                          "of cu_seqlens_q (one sequence of queries per sequence of keys)")
     cu = cu.astype(np.int64)
     if cu[0] != 0:
         raise ValueError(f"{name} must start at 0; got {cu[0]}")

@@ -124,8 +124,7 @@ def _check_mask(mask, full_shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     if (mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating)
             and not is_half(mask.dtype)):
         raise wrong_dtype("mask", mask.dtype, "bool (True = attend) or a float dtype "
-            "(added to the scores)"
-        )
+                          "(added to the scores)")
     try:
         broadcast = np.broadcast_shapes(mask.shape, full_shape)
     except ValueError:
@@ -161,9 +160,8 @@ def _check_key_lengths(key_lengths, batch_shape: tuple, Lk: int) -> np.ndarray |
     elif arr.shape == tuple(batch_shape) or (arr.shape == (B,) and len(batch_shape) <= 1):
         arr = arr.reshape(B).astype(np.int64)
     else:
-        raise wrong_shape("key_lengths", arr.shape, f"a scalar or the batch shape "
-            f"{tuple(batch_shape)} of q"
-        )
+        raise wrong_shape("key_lengths", arr.shape, "a scalar or the batch shape "
+                          f"{tuple(batch_shape)} of q")
     if arr.size and (arr.min() < 0 or arr.max() > Lk):
         raise ValueError(
             f"key_lengths must lie in [0, Lk={Lk}]; got values from {arr.min()} to {arr.max()}"

@@ -44,7 +44,7 @@ def _check_block_table(block_table, B: int, num_pages: int):
     table = _int_array("block_table", block_table)
     if table.ndim != 2 or table.shape[0] != B or table.shape[1] < 1:
         raise wrong_shape("block_table", table.shape, f"(B={B}, pages_per_seq) "
-                         "with pages_per_seq >= 1")
+                          "with pages_per_seq >= 1")
     return np.ascontiguousarray(table)
 
 
@@ -52,7 +52,7 @@ def _check_new(name: str, x, dtype, expected: tuple):
     x = _float_array(name, x, dtype)
     if x.shape[:2] != expected[:2] or x.ndim != 4 or x.shape[3] != expected[3]:
         raise wrong_shape(name, x.shape, f"(B, Hkv, Lnew, last) = "
-                         f"{expected[:2] + ('Lnew',) + expected[3:]}")
+                          f"{expected[:2] + ('Lnew',) + expected[3:]}")
     return x
 
 
@@ -73,7 +73,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         k_cache = _float_array("k_cache", k_cache, dtype)
         if k_cache.ndim != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D:
             raise wrong_shape("k_cache", k_cache.shape, f"(B={B}, Hkv, Lmax, "
-                             f"D={D}) (or a paged cache with block_table)")
+                              f"D={D}) (or a paged cache with block_table)")
         _, Hkv, Lmax, _ = k_cache.shape
         k_cache = _check_cache("k_cache", k_cache, dtype, (B, Hkv, Lmax), D,
                                f"(B={B}, Hkv, Lmax, D={D})")
@@ -85,7 +85,7 @@ def check_decode_args(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, blo
         k_cache = _float_array("k_cache", k_cache, dtype)
         if k_cache.ndim != 4 or k_cache.shape[3] != D or k_cache.shape[2] < 1:
             raise wrong_shape("k_cache", k_cache.shape, f"(num_pages, Hkv, "
-                             f"page_size, D={D}) for a paged cache")
+                              f"page_size, D={D}) for a paged cache")
         num_pages, Hkv, page_size, _ = k_cache.shape
         k_cache = _check_cache("k_cache", k_cache, dtype, (num_pages, Hkv, page_size), D,
                                f"(num_pages, Hkv, page_size, D={D})")

@@ -56,10 +56,10 @@ def check_sinks(sinks, H: int, dtype: np.dtype):
     arr = as_numpy("sinks", sinks, "kernels.attention")
     if arr.dtype != dtype:
         raise wrong_dtype("sinks", arr.dtype, f"{dtype}, the dtype of q "
-                        f"(convert with sinks.astype(np.{np.dtype(dtype).name}))")
+                          f"(convert with sinks.astype(np.{np.dtype(dtype).name}))")
     if arr.shape != (H,):
         raise wrong_shape("sinks", arr.shape, f"({H},), one logit per "
-                         "query head")
+                          "query head")
     if not np.isfinite(arr).all():
         raise ValueError("sinks must be finite (a sink of -inf is no sink: pass sinks=None)")
     return np.ascontiguousarray(arr)

@@ -131,7 +131,7 @@ def prefix_lm(prefix_lengths) -> MaskMod:
     def check(B, H, Lq, Lk):
         if lengths.shape[0] not in (1, B):
             raise wrong_shape("prefix_lengths", lengths.shape, f"({B},) or a "
-                             f"scalar for a batch of {B}")
+                              f"scalar for a batch of {B}")
 
     name = f"prefix_lm({lengths.tolist() if lengths.size <= 8 else '...'})"
     return _BuiltinMask(name, _prefix_element, _prefix_tile, (lengths,), check,
